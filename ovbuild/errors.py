@@ -1,0 +1,33 @@
+"""Error types: one per kind of failure, all under OvbuildError, each message naming the file, key or tensor."""
+
+
+class OvbuildError(Exception):
+    """Base of every error ovbuild raises on purpose."""
+
+
+class ConfigError(OvbuildError):
+    """A config.json (or option) is missing a key, holds a bad value or contradicts itself."""
+
+
+class CheckpointError(OvbuildError):
+    """A checkpoint folder or file cannot be used: missing, truncated, pickled, inconsistent index."""
+
+
+class TensorError(OvbuildError):
+    """A tensor is missing from the checkpoint or has the wrong shape or dtype."""
+
+
+class UnsupportedError(OvbuildError):
+    """The input is well formed but asks for something ovbuild does not do (architecture, head type, option)."""
+
+
+class CompatibilityError(OvbuildError):
+    """A draft does not fit the target it is paired with (taps, hidden size, vocabulary)."""
+
+
+class ExportError(OvbuildError):
+    """An exported folder cannot be written or read back."""
+
+
+class CacheExhaustedError(OvbuildError):
+    """The paged KV cache has no free block left for a request that cannot wait."""

@@ -1,0 +1,11 @@
+"""Tiny deterministic checkpoints for tests and the demo, and the NMSE helper every parity test uses."""
+
+from ovbuild.runtime.reference.layers import nmse
+from ovbuild.testing.tiny import (
+    TINY_DRAFT,
+    TINY_TARGET,
+    write_tiny_dflash,
+    write_tiny_target,
+)
+
+__all__ = ["TINY_DRAFT", "TINY_TARGET", "nmse", "write_tiny_dflash", "write_tiny_target"]

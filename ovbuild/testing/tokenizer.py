@@ -1,0 +1,41 @@
+"""A byte-level tokenizer built with `tokenizers`: every byte is a token, plus end-of-text and mask tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+EOS_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|mask|>"
+EOS_ID, MASK_ID = 256, 257
+
+
+def byte_level_tokenizer() -> Tokenizer:
+    """256 byte tokens (ids 0..255) and two special tokens; no merges, so it is tiny and deterministic."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
+    vocab = {c: i for i, c in enumerate(byte_chars)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS_TOKEN, MASK_TOKEN])
+    assert tok.token_to_id(EOS_TOKEN) == EOS_ID and tok.token_to_id(MASK_TOKEN) == MASK_ID
+    return tok
+
+
+def write_tokenizer(folder: Path) -> None:
+    """tokenizer.json and a minimal tokenizer_config.json, as Hugging Face checkpoints ship them."""
+    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        f'{{"eos_token": "{EOS_TOKEN}", "bos_token": null, "pad_token": "{EOS_TOKEN}", '
+        '"tokenizer_class": "PreTrainedTokenizerFast"}\n'
+    )
+
+
+def _byte_of(char: str) -> int:
+    """The byte that ByteLevel's printable alphabet maps to `char` (GPT-2's bytes_to_unicode, inverted)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    if ord(char) in printable:
+        return ord(char)
+    missing = [b for b in range(256) if b not in printable]
+    return missing[ord(char) - 256]

@@ -1,0 +1,153 @@
+"""Checkpoint: a local folder or Hugging Face repo id holding config.json and safetensors weights, read lazily."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ovbuild.errors import CheckpointError, ConfigError, TensorError
+from ovbuild.weights.safetensors_file import SafetensorsFile
+from ovbuild.weights.tensor import WeightTensor
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# What a build needs from a hub repo; nothing else is downloaded.
+HUB_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    INDEX_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "*.tiktoken",
+]
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class Checkpoint:
+    """config.json plus a name -> file map of every tensor; tensors are memory-mapped one at a time on `get`."""
+
+    def __init__(self, folder: str | Path, source: str | None = None, revision: str | None = None):
+        self.folder = Path(folder)
+        self.source = source or str(self.folder)
+        self.revision = revision
+        self.config_path = self.folder / "config.json"
+        self.config = read_json(self.config_path)
+        self._files: dict[Path, SafetensorsFile] = {}
+        self._where = self._map_tensors()
+
+    @classmethod
+    def open(cls, model: str | Path, revision: str | None = None, cache_dir: str | None = None) -> Checkpoint:
+        """Open a local folder, or download the needed files of hub repo `model` (config, safetensors, tokenizer)."""
+        path = Path(model).expanduser()
+        if path.is_dir():
+            return cls(path, source=str(path.resolve()), revision=revision)
+        if path.exists():
+            raise CheckpointError(f"{path}: expected a checkpoint folder, found a file")
+        if not _HUB_ID.match(str(model)):
+            raise CheckpointError(f"{model}: no such checkpoint folder (and not a Hugging Face repo id)")
+        return cls(download(str(model), revision, cache_dir), source=str(model), revision=revision)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None) -> WeightTensor:
+        """Tensor `name` as stored; `shape`, when given, is checked and a mismatch raises TensorError."""
+        if name not in self._where:
+            raise TensorError(f"{self.source}: tensor '{name}' is missing from the checkpoint")
+        path = self._where[name]
+        if path not in self._files:
+            self._files[path] = SafetensorsFile(path)
+        tensor = self._files[path].read(name)
+        if shape is not None and tensor.shape != tuple(shape):
+            raise TensorError(f"{path}: tensor '{name}' has shape {list(tensor.shape)}, expected {list(shape)}")
+        return tensor
+
+    def _map_tensors(self) -> dict[str, Path]:
+        index = self.folder / INDEX_FILE
+        if index.exists():
+            return _map_sharded(index)
+        files = (
+            [self.folder / SINGLE_FILE]
+            if (self.folder / SINGLE_FILE).exists()
+            else sorted(self.folder.glob("*.safetensors"))
+        )
+        if not files:
+            pickles = sorted(p.name for p in self.folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+            if pickles:
+                raise CheckpointError(
+                    f"{self.folder}: holds only pickle checkpoints ({', '.join(pickles)}); ovbuild "
+                    "reads safetensors only and never unpickles: convert the weights to safetensors"
+                )
+            raise CheckpointError(f"{self.folder}: no safetensors weights found")
+        where: dict[str, Path] = {}
+        for path in files:
+            for name in SafetensorsFile(path).tensors:
+                if name in where:
+                    raise CheckpointError(f"{path}: tensor '{name}' also appears in {where[name]}")
+                where[name] = path
+        return where
+
+
+def _map_sharded(index: Path) -> dict[str, Path]:
+    """Read the shard index and check every shard against it, both ways."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: missing or empty 'weight_map'")
+    where: dict[str, Path] = {}
+    for shard_name in sorted(set(weight_map.values())):
+        shard = index.parent / shard_name
+        if not shard.exists():
+            raise CheckpointError(f"{index}: shard '{shard_name}' listed in the index is missing")
+        listed = {n for n, s in weight_map.items() if s == shard_name}
+        present = set(SafetensorsFile(shard).tensors)
+        if listed - present:
+            raise CheckpointError(
+                f"{shard}: tensor '{sorted(listed - present)[0]}' is listed in {index.name} "
+                "but not stored in this shard"
+            )
+        if present - listed:
+            raise CheckpointError(
+                f"{shard}: tensor '{sorted(present - listed)[0]}' is stored but not listed in {index.name}"
+            )
+        where.update(dict.fromkeys(listed, shard))
+    return where
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; a missing or malformed file raises an error naming it."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
+
+
+def download(repo_id: str, revision: str | None, cache_dir: str | None) -> Path:
+    """Fetch only the files a build needs from the Hugging Face Hub (or its local cache when offline)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=HUB_PATTERNS))
+    except RepositoryNotFoundError as e:
+        raise CheckpointError(f"{repo_id}: no such repository on the Hugging Face Hub") from e
+    except LocalEntryNotFoundError as e:
+        raise CheckpointError(
+            f"{repo_id}: not in the local cache and the Hugging Face Hub is unreachable (offline?)"
+        ) from e
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise CheckpointError(f"{repo_id}: download from the Hugging Face Hub failed ({e})") from e

@@ -1,0 +1,60 @@
+"""The Qwen3 target: normalized config, tensor-name table, loading."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ovbuild.errors import UnsupportedError
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.config import Backbone, backbone_fields
+from ovbuild.weights.config_reader import ConfigReader
+from ovbuild.weights.tensor_names import WeightSource, layer_entries
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetConfig(Backbone):
+    """A dense Qwen3 causal LM."""
+
+    architecture: str
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    max_position_embeddings: int
+
+
+TARGET_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+
+def parse_target_config(config: dict, path: str) -> TargetConfig:
+    """Normalize a target's config.json; only dense Qwen3 targets are supported."""
+    r = ConfigReader(config, path)
+    arch = r.architecture()
+    if arch not in TARGET_ARCHITECTURES:
+        raise UnsupportedError(
+            f"{r.where('architectures')}: unknown target architecture {arch!r} "
+            f"(supported: {', '.join(TARGET_ARCHITECTURES)})"
+        )
+    eos = r.int_list("eos_token_id", ())
+    return TargetConfig(
+        **backbone_fields(r),
+        architecture=arch,
+        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+        eos_token_ids=eos,
+        max_position_embeddings=r.int("max_position_embeddings", 32768),
+    )
+
+
+QWEN3_TARGET_TENSORS = {
+    "embed_tokens": "model.embed_tokens.weight",
+    **layer_entries("model."),
+    "norm": "model.norm.weight",
+    "lm_head": "lm_head.weight",
+}
+
+
+def load_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
+    """Normalized config and tensor source of a target checkpoint."""
+    config = parse_target_config(checkpoint.config, str(checkpoint.config_path))
+    table = dict(QWEN3_TARGET_TENSORS)
+    if config.tie_word_embeddings:
+        table["lm_head"] = table["embed_tokens"]  # tied checkpoints store the shared matrix once, as the embedding
+    return config, WeightSource(checkpoint, table)

@@ -1,0 +1,56 @@
+"""Checkpoint tensor names kept as data: one table per architecture, canonical name -> name in the checkpoint.
+
+Canonical names are the draft's own names without `.weight` (`layers.3.self_attn.q_proj`); `{i}` is a layer index.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from ovbuild.errors import TensorError
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.tensor import WeightTensor
+
+QWEN3_LAYER = (
+    "input_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+    "post_attention_layernorm",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def layer_entries(prefix: str, names: tuple[str, ...] = QWEN3_LAYER) -> dict[str, str]:
+    """Table rows for per-layer weights stored as `{prefix}layers.{i}.<name>.weight`."""
+    return {f"layers.{{i}}.{n}": f"{prefix}layers.{{i}}.{n}.weight" for n in names}
+
+
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+class WeightSource:
+    """Reads canonical tensors of one checkpoint through its architecture's name table."""
+
+    def __init__(self, checkpoint: Checkpoint, table: Mapping[str, str]):
+        self.checkpoint, self.table = checkpoint, dict(table)
+
+    def checkpoint_name(self, canonical: str) -> str:
+        m = _LAYER.match(canonical)
+        key = f"layers.{{i}}.{m.group(2)}" if m else canonical
+        if key not in self.table:
+            raise TensorError(f"{self.checkpoint.source}: no tensor '{canonical}' in this architecture's name table")
+        return self.table[key].format(i=m.group(1) if m else "")
+
+    def has(self, canonical: str) -> bool:
+        return self.checkpoint_name(canonical) in self.checkpoint
+
+    def get(self, canonical: str, shape: tuple[int, ...] | None = None) -> WeightTensor:
+        """The checkpoint tensor behind `canonical`, shape-checked when `shape` is given."""
+        return self.checkpoint.get(self.checkpoint_name(canonical), shape)

@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny checkpoints written once per test session (deterministic by seed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovbuild.testing import write_tiny_dflash, write_tiny_target
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.families import load_draft
+from ovbuild.weights.target import load_target
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.fixture(scope="session")
+def tiny_target(ckpt_dir):
+    return write_tiny_target(ckpt_dir / "target")
+
+
+@pytest.fixture(scope="session")
+def tiny_target_bf16(ckpt_dir):
+    return write_tiny_target(ckpt_dir / "target_bf16", dtype="bf16")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(ckpt_dir):
+    return write_tiny_dflash(ckpt_dir / "draft")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_bf16(ckpt_dir):
+    return write_tiny_dflash(ckpt_dir / "draft_bf16", dtype="bf16")
+
+
+@pytest.fixture(scope="session")
+def target(tiny_target):
+    """(TargetConfig, WeightSource) of the f32 tiny target."""
+    return load_target(Checkpoint.open(tiny_target))
+
+
+@pytest.fixture(scope="session")
+def draft(tiny_draft):
+    """(DraftConfig, WeightSource) of the f32 tiny DFlash draft."""
+    return load_draft(Checkpoint.open(tiny_draft))

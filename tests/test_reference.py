@@ -1,0 +1,90 @@
+"""The numpy reference models: the equivalences the golden reference must satisfy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ovbuild.runtime.reference.dflash import DFlashReference
+from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.testing import nmse
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.families import load_draft
+from ovbuild.weights.target import load_target
+
+PROMPT = np.array([72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 100, 101, 102])
+
+
+def test_incremental_decode_equals_full_recompute(target, draft):
+    ref = Qwen3Reference(*target)
+    taps_ids = draft[0].target_layer_ids
+    full_logits, full_taps = ref.forward(ref.new_cache(), PROMPT, taps_ids)
+    cache = ref.new_cache()
+    parts = [ref.forward(cache, chunk, taps_ids) for chunk in np.split(PROMPT, [9, 12, 13, 16])]
+    logits = np.concatenate([p[0] for p in parts])
+    taps = np.concatenate([p[1] for p in parts])
+    assert nmse(logits, full_logits) < 1e-10, nmse(logits, full_logits)
+    assert nmse(taps, full_taps) < 1e-10, nmse(taps, full_taps)
+
+
+def test_rolled_back_cache_equals_never_having_seen_the_tokens(target):
+    ref = Qwen3Reference(*target)
+    cache = ref.new_cache()
+    ref.forward(cache, PROMPT[:10])
+    ref.forward(cache, np.array([3, 4, 5]))
+    cache.truncate(10)
+    rolled, _ = ref.forward(cache, PROMPT[10:])
+    fresh, _ = ref.forward(ref.new_cache(), PROMPT)
+    assert nmse(rolled, fresh[10:]) < 1e-10
+
+
+def test_last_layer_tap_is_taken_after_the_final_norm(target):
+    cfg, weights = target
+    ref = Qwen3Reference(cfg, weights)
+    _, last = ref.forward(ref.new_cache(), PROMPT, (cfg.num_layers - 1,))
+    rms = np.sqrt(np.mean((last / ref.norm) ** 2, axis=-1))
+    assert np.allclose(rms, 1.0, atol=1e-4)
+
+
+def test_draft_step_in_one_call_equals_context_then_block(target, draft):
+    dcfg, dweights = draft
+    tref, dref = Qwen3Reference(*target), DFlashReference(dcfg, dweights, target[1])
+    _, taps = tref.forward(tref.new_cache(), PROMPT, dcfg.target_layer_ids)
+    block = np.array([int(PROMPT[-1])] + [dcfg.mask_token_id] * (dcfg.block_size - 1))
+    one = dref.new_cache()
+    logits_one, hidden_one = dref.forward(one, taps, block)
+    split = dref.new_cache()
+    dref.forward(split, taps[:11], block[:0])
+    dref.forward(split, taps[11:], block[:0])
+    logits_split, hidden_split = dref.forward(split, taps[:0], block)
+    assert logits_one.shape == (dcfg.block_size - 1, dcfg.vocab_size)
+    assert nmse(logits_split, logits_one) < 1e-10 and nmse(hidden_split, hidden_one) < 1e-10
+    assert one.length == split.length == len(PROMPT)
+
+
+def test_block_rows_see_each_other_and_context_but_leave_no_trace(target, draft):
+    dcfg, dweights = draft
+    dref = DFlashReference(dcfg, dweights, target[1])
+    taps = np.random.default_rng(0).standard_normal((5, dcfg.num_taps * dcfg.target_hidden_size))
+    cache = dref.new_cache()
+    dref.forward(cache, taps, np.array([], np.int64))
+    a, _ = dref.forward(cache, taps[:0], np.array([7, 257, 257, 257]))
+    b, _ = dref.forward(cache, taps[:0], np.array([7, 257, 257, 9]))  # a later row changes earlier rows' outputs
+    assert cache.length == 5
+    assert nmse(b[0], a[0]) > 1e-6
+    c, _ = dref.forward(cache, taps[:0], np.array([7, 257, 257, 257]))
+    assert np.array_equal(a, c)
+
+
+def test_bf16_checkpoint_matches_f32_within_bf16_rounding(tiny_target, tiny_target_bf16, tiny_draft, tiny_draft_bf16):
+    results = []
+    for t, d in ((tiny_target, tiny_draft), (tiny_target_bf16, tiny_draft_bf16)):
+        tcfg, tw = load_target(Checkpoint.open(t))
+        dcfg, dw = load_draft(Checkpoint.open(d))
+        tref, dref = Qwen3Reference(tcfg, tw), DFlashReference(dcfg, dw, tw)
+        logits, taps = tref.forward(tref.new_cache(), PROMPT, dcfg.target_layer_ids)
+        dlogits, _ = dref.step(dref.new_cache(), taps, int(PROMPT[-1]))
+        results.append((logits, dlogits))
+    (t32, d32), (t16, d16) = results
+    # bf16 keeps 8 mantissa bits: relative weight error ~2^-9, so the output NMSE sits near 1e-5
+    assert 0 < nmse(t16, t32) < 1e-3, nmse(t16, t32)
+    assert 0 < nmse(d16, d32) < 1e-3, nmse(d16, d32)
