@@ -1,0 +1,1 @@
+"""Graph building: OpenVINO opset ops from normalized configs and checkpoint tensors, PagedAttention included."""

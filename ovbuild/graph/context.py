@@ -1,0 +1,42 @@
+"""BuildContext: what every building block of one graph needs (geometry, weights, weight policy, paged inputs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import openvino.opset16 as ops
+
+from ovbuild.graph.ops import Output, named
+from ovbuild.graph.paged_attention import PagedInputs
+from ovbuild.graph.rope import RotaryTables
+from ovbuild.graph.weights import WeightPolicy, f32_constant
+from ovbuild.weights.config import Backbone
+from ovbuild.weights.tensor_names import WeightSource
+
+
+@dataclass
+class BuildContext:
+    """One graph under construction. Weight names are canonical (`layers.3.self_attn.q_proj`)."""
+
+    cfg: Backbone
+    weights: WeightSource
+    policy: WeightPolicy
+    paged: PagedInputs
+    rope: RotaryTables
+
+    def linear(self, x: Output, name: str, out_features: int, in_features: int) -> Output:
+        """x [T, in] @ W^T -> [T, out], W read as stored, named after the tensor (`layers.3/self_attn/q_proj`)."""
+        w = self.policy.matrix(self.weights.get(name, (out_features, in_features)), path(name))
+        return named(ops.matmul(x, w, False, True), path(name))
+
+    def vector(self, name: str, size: int) -> Output:
+        """A norm weight as an f32 Constant."""
+        return f32_constant(self.weights.get(name, (size,)), f"{path(name)}/weight")
+
+
+def path(name: str) -> str:
+    """Canonical tensor name -> node path: `layers.3.self_attn.q_proj` -> `layers.3/self_attn/q_proj`."""
+    if name.startswith("layers."):
+        index, _, rest = name[len("layers.") :].partition(".")
+        return f"layers.{index}/" + rest.replace(".", "/")
+    return name.replace(".", "/")

@@ -1,0 +1,97 @@
+"""Qwen3 decoder-layer pieces shared by the target and every draft: attention sublayer, SwiGLU MLP, embedding.
+
+x ─ input_layernorm ─ u ─┬─ q_proj ─ q_norm ─ rope ──────────┐
+             kv_input(u) ┴─ k_proj ─ k_norm ─ rope ─ v_proj ─ PagedAttention ─ o_proj ─ (+x)
+  ─ post_attention_layernorm ─ gate/up ─ silu * ─ down ─ (+)
+"""
+
+from __future__ import annotations
+
+import openvino.opset16 as ops
+
+from ovbuild.graph.context import BuildContext
+from ovbuild.graph.norm import rms_norm
+from ovbuild.graph.ops import Output, i64, named
+from ovbuild.graph.rope import apply_rope
+
+
+def heads(ctx: BuildContext, x: Output, n: int, norm: str, path: str) -> Output:
+    """[T, n * D] -> per-head RMSNorm -> RoPE -> [T, n * D]."""
+    d = ctx.cfg.head_dim
+    x = ops.reshape(x, i64([0, n, d]), True)  # [T, n, D]
+    x = rms_norm(x, ctx.vector(norm, d), ctx.cfg.rms_norm_eps, f"{path}/norm")
+    x = apply_rope(x, ctx.rope, f"{path}/rope")
+    return ops.reshape(x, i64([0, n * d]), True).output(0)  # [T, n * D]
+
+
+def self_attention(
+    ctx: BuildContext,
+    i: int,
+    u: Output,
+    kv_input: Output,
+    token_type_ids: Output | None = None,
+) -> Output:
+    """Queries from u [T, H], keys/values from kv_input [T, H] (u itself in the target), paged -> [T, H]."""
+    cfg, p = ctx.cfg, f"layers.{i}.self_attn"
+    h = cfg.hidden_size
+    q = heads(ctx, ctx.linear(u, f"{p}.q_proj", cfg.q_size, h), cfg.num_heads, f"{p}.q_norm", f"layers.{i}/q")
+    k = heads(
+        ctx, ctx.linear(kv_input, f"{p}.k_proj", cfg.kv_size, h), cfg.num_kv_heads, f"{p}.k_norm", f"layers.{i}/k"
+    )
+    v = ctx.linear(kv_input, f"{p}.v_proj", cfg.kv_size, h)
+    attn = ctx.paged.attention(
+        q,
+        k,
+        v,
+        i,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        sliding_window=cfg.sliding_windows[i],
+        token_type_ids=token_type_ids,
+        path=f"layers.{i}/self_attn/paged_attention",
+    )
+    return ctx.linear(attn, f"{p}.o_proj", h, cfg.q_size)
+
+
+def mlp(ctx: BuildContext, i: int, x: Output) -> Output:
+    """SwiGLU: down(silu(gate x) * up x); x [T, H] -> [T, H]."""
+    cfg, p = ctx.cfg, f"layers.{i}.mlp"
+    gate = ops.swish(ctx.linear(x, f"{p}.gate_proj", cfg.intermediate_size, cfg.hidden_size))
+    hidden = named(
+        ops.multiply(gate, ctx.linear(x, f"{p}.up_proj", cfg.intermediate_size, cfg.hidden_size)), f"layers.{i}/mlp/act"
+    )
+    return ctx.linear(hidden, f"{p}.down_proj", cfg.hidden_size, cfg.intermediate_size)
+
+
+def norm(ctx: BuildContext, x: Output, name: str) -> Output:
+    """RMSNorm with the checkpoint's `name` weight; x [T, H]."""
+    return rms_norm(x, ctx.vector(name, ctx.cfg.hidden_size), ctx.cfg.rms_norm_eps, name.replace(".", "/"))
+
+
+def decoder_layer(
+    ctx: BuildContext,
+    i: int,
+    x: Output,
+    kv_input=None,
+    token_type_ids: Output | None = None,
+) -> Output:
+    """One Qwen3 layer on packed rows; kv_input(u) picks each row's key/value source (default: u)."""
+    u = norm(ctx, x, f"layers.{i}.input_layernorm")
+    attn = self_attention(ctx, i, u, kv_input(u) if kv_input else u, token_type_ids)
+    x = named(ops.add(x, attn), f"layers.{i}/attn_residual")
+    m = mlp(ctx, i, norm(ctx, x, f"layers.{i}.post_attention_layernorm"))
+    return named(ops.add(x, m), f"layers.{i}/output")
+
+
+def embedding(ctx: BuildContext, source, ids: Output, name: str = "embed_tokens") -> Output:
+    """Gather rows of the [V, H] table `name` of `source` (a WeightSource): ids [T] -> [T, H]."""
+    cfg = ctx.cfg
+    table = ctx.policy.matrix(source.get(name, (cfg.vocab_size, cfg.hidden_size)), name, role="embedding")
+    return named(ops.gather(table, ids, i64(0)), f"{name}/gather")
+
+
+def lm_head(ctx: BuildContext, source, h: Output, name: str = "lm_head") -> Output:
+    """h [R, H] @ lm_head^T -> logits [R, V]."""
+    cfg = ctx.cfg
+    w = ctx.policy.matrix(source.get(name, (cfg.vocab_size, cfg.hidden_size)), name, role="lm_head")
+    return named(ops.matmul(h, w, False, True), name)

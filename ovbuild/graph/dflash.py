@@ -1,0 +1,94 @@
+"""Paged DFlash v1 draft, per-row layout; also the backbone of DSpark / DeepSpec drafts (candidate offset 0).
+
+Each sequence contributes its new context rows (target taps, token_type_ids = 0) then its block rows
+([anchor, mask x (B-1)], token_type_ids = 1). In every layer a row's key/value input is the context feature for a
+context row and the normalized block state for a block row; PagedAttention's token_type_ids makes each block
+bidirectional while context stays causal. All rows are written to the cache; the runtime rolls the block back by
+passing the committed length as past_lens next time.
+
+    hidden_states ─ fc ─ hidden_norm ─ C ──┐ (context rows)
+    input_ids ─ embed (* scale) ─ x ─ layers(kv_input = C | u) ─ gather(candidate_indices) ─ norm ─ lm_head ─ logits
+"""
+
+from __future__ import annotations
+
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.graph.context import BuildContext
+from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
+from ovbuild.graph.ops import Output, const, i32, i64, named, parameter, result
+from ovbuild.graph.paged_attention import PagedInputs
+from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.rt_info import common_rt_info, set_rt_info
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.draft_config import DraftConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+
+def build_dflash_draft(
+    cfg: DraftConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy | None = None, layer=decoder_layer
+) -> ov.Model:
+    """The paged draft IR; embedding and lm_head come from the draft when it carries them, else from `target`.
+
+    `layer(ctx, i, x, kv_input, token_type_ids)` builds one layer: families that wrap the Qwen3 layer pass theirs.
+    """
+    input_ids = parameter("input_ids", [-1], ov.Type.i64)
+    hidden_states = parameter("hidden_states", [-1, cfg.num_taps * cfg.target_hidden_size], ov.Type.f32)
+    token_type_ids = parameter("token_type_ids", [-1], ov.Type.i32)
+    position_ids = parameter("position_ids", [-1], ov.Type.i64)
+    candidate_indices = parameter("candidate_indices", [-1], ov.Type.i64)
+    paged = PagedInputs()
+    ctx = BuildContext(
+        cfg, draft, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
+    )
+
+    fc = ctx.linear(hidden_states.output(0), "fc", cfg.hidden_size, cfg.num_taps * cfg.target_hidden_size)
+    context = norm(ctx, fc, "hidden_norm")  # [T, H]
+    is_context = named(ops.unsqueeze(ops.equal(token_type_ids, i32(0)), i64([1])), "is_context_row")  # [T, 1]
+
+    def kv_input(u: Output) -> Output:
+        return named(ops.select(is_context, context, u), f"{u.get_node().get_friendly_name()}/kv_input")
+
+    x = embedding(ctx, owner(draft, target, "embed_tokens"), input_ids.output(0))  # [T, H]
+    if cfg.input_embedding_scale != 1.0:
+        x = named(ops.multiply(x, const(cfg.input_embedding_scale)), "embed_tokens/scale")
+    for i in range(cfg.num_layers):
+        tt = token_type_ids.output(0) if not cfg.layer_causal[i] else None
+        x = layer(ctx, i, x, kv_input, tt)
+    picked = named(ops.gather(x, candidate_indices, i64(0)), "candidate_rows")  # [R, H]
+    h = norm(ctx, picked, "norm")  # [R, H]
+    logits = logit_transforms(cfg, lm_head(ctx, owner(draft, target, "lm_head"), h))
+    params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]
+    model = ov.Model([result(logits, "logits"), result(h, "last_hidden_state")], params, f"ovbuild_{cfg.family}_draft")
+    set_rt_info(model, draft_rt_info(cfg))
+    return model
+
+
+def logit_transforms(cfg: DraftConfig, logits: Output) -> Output:
+    """output_multiplier, then cap * tanh(logits / cap) when final_logit_softcapping > 0."""
+    if cfg.output_multiplier != 1.0:
+        logits = named(ops.multiply(logits, const(cfg.output_multiplier)), "logits/output_multiplier")
+    cap = cfg.final_logit_softcapping
+    if cap:
+        logits = named(ops.multiply(ops.tanh(ops.divide(logits, const(cap))), const(cap)), "logits/softcap")
+    return logits
+
+
+def draft_rt_info(cfg: DraftConfig) -> dict[str, object]:
+    """rt_info of a draft IR: DFlash keys as GenAI names them, plus ovbuild's own description."""
+    return {
+        **common_rt_info("draft", cfg.family, cfg.num_kv_heads, cfg.head_dim),
+        "dflash/block_size": cfg.block_size,
+        "dflash/mask_token_id": cfg.mask_token_id,
+        "dflash/target_layer_ids": list(cfg.target_layer_ids),
+        "dflash/candidate_offset": cfg.candidate_offset,
+        "ovbuild/vocab_size": cfg.vocab_size,
+        "ovbuild/hidden_size": cfg.hidden_size,
+        "ovbuild/target_hidden_size": cfg.target_hidden_size,
+    }
+
+
+def owner(draft: WeightSource, target: WeightSource, name: str) -> WeightSource:
+    """Drafts borrow the target's embedding and lm_head unless they carry their own (DSpark checkpoints do)."""
+    return draft if name in draft.table and draft.has(name) else target

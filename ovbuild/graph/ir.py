@@ -1,0 +1,57 @@
+"""IR on disk: save a built model, and read one back with what the IR format drops restored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openvino as ov
+
+from ovbuild.errors import ExportError
+from ovbuild.graph.paged_attention import set_head_geometry
+from ovbuild.graph.rt_info import get_rt_info
+
+MODEL_FILE = "openvino_model.xml"
+_core: ov.Core | None = None
+
+
+def core() -> ov.Core:
+    """The process-wide Core, with the CPU plugin loaded (reading PagedAttention IR needs its extension opset)."""
+    global _core
+    if _core is None:
+        _core = ov.Core()
+        _core.get_property("CPU", "FULL_DEVICE_NAME")
+    return _core
+
+
+def save_ir(model: ov.Model, path: str | Path) -> Path:
+    """Write model.xml/.bin with weights exactly as built (no silent fp16 compression)."""
+    path = Path(path)
+    ov.save_model(model, str(path), compress_to_fp16=False)
+    return path
+
+
+def read_ir(path: str | Path) -> ov.Model:
+    """Read an ovbuild IR and put back the PagedAttention node rt_info that the IR format does not keep."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    if not path.exists():
+        raise ExportError(f"{path}: no such IR file")
+    model = core().read_model(str(path))
+    restore_paged_attention(model)
+    return model
+
+
+def restore_paged_attention(model: ov.Model) -> None:
+    """Re-attach head geometry to every PagedAttention node from the model's `pa/*` rt_info."""
+    nodes = [n for n in model.get_ops() if n.get_type_name() == "PagedAttentionExtension"]
+    if not nodes:
+        return
+    heads, size = get_rt_info(model, "pa/num_kv_heads"), get_rt_info(model, "pa/head_size")
+    if heads is None or size is None:
+        raise ExportError(
+            f"{model.get_friendly_name()}: PagedAttention IR without pa/num_kv_heads and pa/head_size "
+            "rt_info (not written by ovbuild?)"
+        )
+    for node in nodes:
+        set_head_geometry(node, int(heads), int(size))

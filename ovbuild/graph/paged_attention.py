@@ -1,0 +1,77 @@
+"""The PagedAttentionExtension node (28 inputs in OpenVINO 2026.4) and the per-model inputs it shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+from openvino._pyopenvino.op import _PagedAttentionExtension
+
+from ovbuild.graph.ops import Output, const, i32, named, parameter
+
+# The four sequence-layout inputs every paged model has, shared by all of its PagedAttention nodes.
+SEQUENCE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")
+
+
+class PagedInputs:
+    """Model inputs shared by all PagedAttention nodes of one graph, and the per-layer cache inputs they add."""
+
+    def __init__(self):
+        self.sequence = {name: parameter(name, [-1], ov.Type.i32) for name in SEQUENCE_INPUTS}
+        self.max_context_len = parameter("max_context_len", [], ov.Type.i32)
+        self.caches: list[ov.Node] = []
+        self._empty_i32, self._empty_f32 = const([], np.int32), const([], np.float32)
+        self._empty_u8 = const([], np.uint8)
+
+    @property
+    def parameters(self) -> list[ov.Node]:
+        return [*self.sequence.values(), self.max_context_len, *self.caches]
+
+    def attention(
+        self,
+        q: Output,
+        k: Output,
+        v: Output,
+        layer: int,
+        *,
+        num_kv_heads: int,
+        head_dim: int,
+        sliding_window: int = 0,
+        token_type_ids: Output | None = None,
+        path: str,
+    ) -> Output:
+        """PagedAttention over packed rows: q [T, H * D], k/v [T, KV * D] -> [T, H * D].
+
+        New rows are written to the cache at `past_lens`; each row sees the cached past and the causal prefix of its
+        sequence's chunk. token_type_ids [T] i32 (1 = bidirectional run) opens each run of 1s to itself.
+        """
+        # Cache layout and precision are chosen by the plugin at compile time: declare them fully dynamic.
+        key_cache = parameter(f"key_cache.{layer}", [-1, -1, -1, -1], ov.Type.dynamic)
+        value_cache = parameter(f"value_cache.{layer}", [-1, -1, -1, -1], ov.Type.dynamic)
+        self.caches += [key_cache, value_cache]
+        s, e32, ef32 = self.sequence, self._empty_i32, self._empty_f32
+        inputs = [
+            q, k, v, key_cache.output(0), value_cache.output(0),
+            s["past_lens"].output(0), s["subsequence_begins"].output(0), s["block_indices"].output(0),
+            s["block_indices_begins"].output(0),
+            const(1.0 / np.sqrt(head_dim)),  # 9 scale
+            i32(sliding_window),  # 10 sliding_window, 0 = off
+            ef32,  # 11 alibi_slopes
+            self.max_context_len.output(0),  # 12
+            e32,  # 13 score_aggregation_window: must be empty, a scalar 0 fails with several sequences
+            e32, e32, ef32,  # 14-16 cache rotation (off)
+            ef32, i32(64), i32(8),  # 17-19 xattention threshold / block size / stride (off)
+            ef32,  # 20 sinks (off)
+            i32(0), e32, e32, e32,  # 21-24 adaptive R-KV (off)
+            token_type_ids if token_type_ids is not None else e32,  # 25
+            self._empty_u8, e32,  # 26-27 qq_bias (off)
+        ]  # fmt: skip
+        pa = _PagedAttentionExtension(inputs)
+        set_head_geometry(pa, num_kv_heads, head_dim)
+        return named(pa, path)
+
+
+def set_head_geometry(node: ov.Node, num_kv_heads: int, head_dim: int) -> None:
+    """The CPU plugin requires this node rt_info, and IR files drop it: set at build and again after reading."""
+    rt = node.get_rt_info()
+    rt["num_k_heads"], rt["k_head_size"] = num_kv_heads, head_dim
+    rt["num_v_heads"], rt["v_head_size"] = num_kv_heads, head_dim

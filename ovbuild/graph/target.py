@@ -1,0 +1,62 @@
+"""Paged Qwen3 target: packed rows of many sequences in, logits of chosen rows and layer taps out.
+
+Inputs: input_ids [T] i64, position_ids [T] i64, the PagedAttention inputs, key_cache.N / value_cache.N,
+logits_indices [R] i64. Outputs: logits [R, V] f32 and, when taps are asked for, hidden_states [T, n * H] f32.
+"""
+
+from __future__ import annotations
+
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.graph.context import BuildContext
+from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
+from ovbuild.graph.ops import i64, named, parameter, result
+from ovbuild.graph.paged_attention import PagedInputs
+from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.rt_info import common_rt_info, set_rt_info
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.draft_config import check_target_layer_ids
+from ovbuild.weights.target import TargetConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+
+def build_target(
+    cfg: TargetConfig, weights: WeightSource, target_layer_ids: tuple[int, ...] = (), policy: WeightPolicy | None = None
+) -> ov.Model:
+    """The paged target IR with the decoder-layer outputs at `target_layer_ids` concatenated as hidden_states."""
+    if target_layer_ids:
+        check_target_layer_ids(tuple(target_layer_ids), cfg.num_layers, "target_layer_ids")
+    input_ids = parameter("input_ids", [-1], ov.Type.i64)
+    position_ids = parameter("position_ids", [-1], ov.Type.i64)
+    logits_indices = parameter("logits_indices", [-1], ov.Type.i64)
+    paged = PagedInputs()
+    ctx = BuildContext(
+        cfg, weights, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
+    )
+    x = embedding(ctx, weights, input_ids.output(0))  # [T, H]
+    layer_outputs = []
+    for i in range(cfg.num_layers):
+        x = decoder_layer(ctx, i, x)
+        layer_outputs.append(x)
+    h = norm(ctx, x, "norm")  # [T, H]
+    # transformers reports the last layer's output after the final norm; a tap of that layer takes the same.
+    layer_outputs[-1] = h
+    picked = named(ops.gather(h, logits_indices, i64(0)), "logits_rows")  # [R, H]
+    outputs = [result(lm_head(ctx, weights, picked), "logits")]
+    if target_layer_ids:
+        taps = [layer_outputs[t] for t in target_layer_ids]
+        hidden = taps[0] if len(taps) == 1 else named(ops.concat(taps, -1), "hidden_states/concat")  # [T, n * H]
+        outputs.append(result(hidden, "hidden_states"))
+    params = [input_ids, position_ids, *paged.parameters, logits_indices]
+    model = ov.Model(outputs, params, "ovbuild_qwen3_target")
+    set_rt_info(
+        model,
+        {
+            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
+            "ovbuild/target_layer_ids": list(target_layer_ids),
+            "ovbuild/vocab_size": cfg.vocab_size,
+            "ovbuild/hidden_size": cfg.hidden_size,
+        },
+    )
+    return model

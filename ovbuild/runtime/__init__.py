@@ -1,0 +1,1 @@
+"""Running ovbuild IRs: numpy references, paged KV cache, compiled paged models, scheduler."""

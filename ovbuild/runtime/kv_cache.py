@@ -1,0 +1,95 @@
+"""Paged KV cache: the key/value cache tensors of one compiled model and a block allocator over them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+
+from ovbuild.errors import CacheExhaustedError
+
+
+@dataclass(frozen=True)
+class SequenceRows:
+    """One sequence's part of a packed call: its id, tokens already cached, and rows written by this call."""
+
+    seq_id: int
+    past_len: int
+    num_rows: int
+
+
+class BlockAllocator:
+    """Fixed pool of cache blocks; each sequence owns a list of blocks in logical order."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self.tables: dict[int, list[int]] = {}
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_needed(self, seq_id: int, length: int) -> int:
+        """Blocks still to allocate for `seq_id` to hold `length` tokens."""
+        have = len(self.tables.get(seq_id, ()))
+        return max(0, -(-length // self.block_size) - have)
+
+    def can_hold(self, seq_id: int, length: int) -> bool:
+        return self.blocks_needed(seq_id, length) <= self.free_blocks
+
+    def reserve(self, seq_id: int, length: int) -> list[int]:
+        """Grow `seq_id`'s table to hold `length` tokens; raises CacheExhaustedError (changing nothing) if it can't."""
+        need = self.blocks_needed(seq_id, length)
+        if need > self.free_blocks:
+            raise CacheExhaustedError(
+                f"sequence {seq_id} needs {need} more cache blocks for {length} tokens, "
+                f"{self.free_blocks} of {self.num_blocks} are free"
+            )
+        table = self.tables.setdefault(seq_id, [])
+        table.extend(self._free.pop() for _ in range(need))
+        return table
+
+    def free(self, seq_id: int) -> None:
+        """Return every block of `seq_id` to the pool."""
+        self._free.extend(reversed(self.tables.pop(seq_id, [])))
+
+
+class PagedKVCache:
+    """Cache tensors shaped from the compiled model's inputs, bound to one infer request, plus their allocator."""
+
+    def __init__(self, compiled: ov.CompiledModel, request: ov.InferRequest, num_blocks: int):
+        self.names: list[str] = []
+        block_size = None
+        for port in compiled.inputs:
+            name = port.get_any_name()
+            if not name.startswith(("key_cache.", "value_cache.")):
+                continue
+            dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
+            request.set_tensor(name, ov.Tensor(port.get_element_type(), [num_blocks, *dims]))
+            self.names.append(name)
+            if name.startswith("value_cache."):
+                block_size = dims[1]  # value layout [blocks, kv_heads, block_size, head_dim (+ quant params)]
+        self.allocator = BlockAllocator(num_blocks, block_size or 32)
+
+    @property
+    def block_size(self) -> int:
+        return self.allocator.block_size
+
+    def layout(self, rows: list[SequenceRows]) -> dict[str, np.ndarray]:
+        """PagedAttention inputs for one packed call, reserving blocks for every row it writes."""
+        past = np.array([r.past_len for r in rows], np.int32)
+        begins = np.zeros(len(rows) + 1, np.int32)
+        np.cumsum([r.num_rows for r in rows], out=begins[1:])
+        tables = [self.allocator.reserve(r.seq_id, r.past_len + r.num_rows) for r in rows]
+        used = [t[: -(-(r.past_len + r.num_rows) // self.block_size)] for t, r in zip(tables, rows, strict=True)]
+        block_begins = np.zeros(len(rows) + 1, np.int32)
+        np.cumsum([len(t) for t in used], out=block_begins[1:])
+        return {
+            "past_lens": past,
+            "subsequence_begins": begins,
+            "block_indices": np.array([b for t in used for b in t], np.int32),
+            "block_indices_begins": block_begins,
+            "max_context_len": np.array(max((r.past_len + r.num_rows for r in rows), default=0), np.int32),
+        }

@@ -1,0 +1,49 @@
+"""A compiled paged IR with its own KV cache: one `run` per packed call of many sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+
+from ovbuild.errors import UnsupportedError
+from ovbuild.graph.ir import core
+from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
+
+KV_PRECISIONS = ("u8", "f16", "f32")
+
+
+def compile_config(kv_cache_precision: str = "u8", inference_precision: str | None = None) -> dict[str, str]:
+    """Plugin properties. An f32 KV cache needs f32 inference (CPUs with bf16 units otherwise demand a bf16 cache)."""
+    if kv_cache_precision not in KV_PRECISIONS:
+        raise UnsupportedError(f"KV cache precision '{kv_cache_precision}' is not one of {', '.join(KV_PRECISIONS)}")
+    config = {"KV_CACHE_PRECISION": kv_cache_precision}
+    if inference_precision is None and kv_cache_precision == "f32":
+        inference_precision = "f32"
+    if inference_precision:
+        config["INFERENCE_PRECISION_HINT"] = inference_precision
+    return config
+
+
+class PagedModel:
+    """Compiled model + infer request + paged KV cache. Inputs other than the paged layout are given per call."""
+
+    def __init__(
+        self,
+        model: ov.Model,
+        device: str = "CPU",
+        kv_cache_precision: str = "u8",
+        inference_precision: str | None = None,
+        num_blocks: int = 256,
+    ):
+        self.compiled = core().compile_model(model, device, compile_config(kv_cache_precision, inference_precision))
+        self.request = self.compiled.create_infer_request()
+        self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
+        self.output_names = [o.get_any_name() for o in self.compiled.outputs]
+
+    def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One packed call: rows say which sequences are in it and where they stand; returns every output."""
+        self.request.infer({**inputs, **self.cache.layout(rows)})
+        return {name: self.request.get_tensor(name).data for name in self.output_names}
+
+    def free(self, seq_id: int) -> None:
+        self.cache.allocator.free(seq_id)
