@@ -1,0 +1,162 @@
+"""Compiled paged IRs (f32 KV cache) against the numpy reference over packed multi-sequence schedules."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ovbuild.graph.dflash import build_dflash_draft
+from ovbuild.graph.ir import read_ir, save_ir
+from ovbuild.graph.target import build_target
+from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.reference.dflash import DFlashReference
+from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.testing import write_tiny_dflash, write_tiny_target
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.families import load_draft
+from ovbuild.weights.target import load_target
+
+from paged_helpers import run_draft, run_target
+
+RNG = np.random.default_rng(7)
+
+
+def tokens(n: int) -> list[int]:
+    return RNG.integers(0, 256, n).tolist()
+
+
+# Prefill of 3 sequences (one crosses a 32-token block) -> chunk, decode, 5 verification rows of which 2 are kept
+# -> decode after rollback, the rolled-back slots overwritten -> a 4th sequence joins while another decodes.
+TARGET_SCHEDULE = [
+    [(0, tokens(5), 5), (1, tokens(37), 37), (2, tokens(12), 12)],
+    [(0, tokens(9), 9), (1, tokens(1), 1), (2, tokens(5), 2)],
+    [(2, tokens(1), 1), (0, tokens(1), 1), (1, tokens(30), 30)],
+    [(3, tokens(3), 3), (1, tokens(1), 1), (0, tokens(6), 6), (2, tokens(4), 4)],
+]
+# (seq, context rows, block): blocks of 8 rows; a step with only context, one with only a block, a 1-row block.
+MASK = 257
+DRAFT_SCHEDULE = [
+    [(0, 5, [11] + [MASK] * 7), (1, 37, [12] + [MASK] * 7), (2, 12, [13] + [MASK] * 7)],
+    [(0, 3, [14] + [MASK] * 7), (1, 1, [15] + [MASK] * 7), (2, 0, [16] + [MASK] * 7)],
+    [(2, 8, [17] + [MASK] * 7), (0, 2, []), (1, 30, [18, MASK])],
+    [(1, 4, [19] + [MASK] * 7), (0, 1, [20] + [MASK] * 7), (3, 6, [21] + [MASK] * 7)],
+]
+
+
+def target_pair(cfg_weights, taps=(1, 3, 5)):
+    cfg, weights = cfg_weights
+    return PagedModel(build_target(cfg, weights, taps), kv_cache_precision="f32"), Qwen3Reference(cfg, weights)
+
+
+def test_target_matches_reference(target):
+    model, ref = target_pair(target)
+    out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
+    assert out.nmse("logits") < 1e-6, f"logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("hidden_states") < 1e-6, f"hidden_states NMSE {out.nmse('hidden_states'):.2e}"
+
+
+def test_draft_matches_reference(target, draft):
+    dcfg, dweights = draft
+    model = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32")
+    out = run_draft(model, DFlashReference(dcfg, dweights, target[1]), DRAFT_SCHEDULE)
+    assert out.nmse("logits") < 1e-6, f"logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("last_hidden_state") < 1e-6, f"last_hidden_state NMSE {out.nmse('last_hidden_state'):.2e}"
+
+
+def test_sliding_window_layers_match_reference(tmp_path):
+    sliding = dict(use_sliding_window=True, sliding_window=6)
+    t = load_target(
+        Checkpoint.open(
+            write_tiny_target(tmp_path / "t", layer_types=["sliding_attention", "full_attention"] * 3, **sliding)
+        )
+    )
+    # A causal sliding layer (window below the block size) and a bidirectional full layer
+    d = load_draft(
+        Checkpoint.open(
+            write_tiny_dflash(tmp_path / "d", layer_types=["sliding_attention", "full_attention"], **sliding)
+        )
+    )
+    assert t[0].sliding_windows[0] == 6 and d[0].sliding_windows == (6, 0) and d[0].layer_causal == (True, False)
+    model, ref = target_pair(t)
+    out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
+    assert out.nmse("logits") < 1e-6, f"target logits NMSE {out.nmse('logits'):.2e}"
+    dmodel = PagedModel(build_dflash_draft(d[0], d[1], t[1]), kv_cache_precision="f32")
+    dout = run_draft(dmodel, DFlashReference(d[0], d[1], t[1]), DRAFT_SCHEDULE)
+    assert dout.nmse("logits") < 1e-6, f"draft logits NMSE {dout.nmse('logits'):.2e}"
+
+
+def test_bidirectional_sliding_layer_with_window_not_below_block(tmp_path, target):
+    d = load_draft(
+        Checkpoint.open(
+            write_tiny_dflash(
+                tmp_path / "d",
+                layer_types=["sliding_attention"] * 2,
+                use_sliding_window=True,
+                sliding_window=8,
+                is_causal=False,
+            )
+        )
+    )
+    assert d[0].layer_causal == (False, False)
+    dmodel = PagedModel(build_dflash_draft(d[0], d[1], target[1]), kv_cache_precision="f32")
+    dout = run_draft(dmodel, DFlashReference(d[0], d[1], target[1]), DRAFT_SCHEDULE)
+    assert dout.nmse("logits") < 1e-6, f"draft logits NMSE {dout.nmse('logits'):.2e}"
+
+
+def test_saved_and_read_ir_matches_reference(tmp_path, target, draft):
+    dcfg, dweights = draft
+    model, ref = target_pair(target)
+    tpath = save_ir(build_target(target[0], target[1], (1, 3, 5)), tmp_path / "target" / "openvino_model.xml")
+    dpath = save_ir(build_dflash_draft(dcfg, dweights, target[1]), tmp_path / "draft" / "openvino_model.xml")
+    t_read = PagedModel(read_ir(tpath.parent), kv_cache_precision="f32")
+    d_read = PagedModel(read_ir(dpath.parent), kv_cache_precision="f32")
+    in_memory = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
+    from_disk = run_target(t_read, ref, (1, 3, 5), TARGET_SCHEDULE)
+    assert from_disk.nmse("logits") < 1e-6
+    for a, b in zip(in_memory.ir, from_disk.ir, strict=True):
+        for seq in a:
+            assert np.array_equal(a[seq]["logits"], b[seq]["logits"]), "file and in-memory builds differ"
+    dref = DFlashReference(dcfg, dweights, target[1])
+    assert run_draft(d_read, dref, DRAFT_SCHEDULE).nmse("logits") < 1e-6
+
+
+def test_sequences_are_isolated(target, draft):
+    dcfg, dweights = draft
+    model, ref = target_pair(target)
+    base = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
+    changed_schedule = [[(s, list(reversed(t)) if s == 1 else t, c) for s, t, c in call] for call in TARGET_SCHEDULE]
+    model2, _ = target_pair(target)
+    changed = run_target(model2, ref, (1, 3, 5), changed_schedule)
+    for a, b in zip(base.ir, changed.ir, strict=True):
+        for seq in a:
+            same = all(np.array_equal(a[seq][k], b[seq][k]) for k in a[seq])
+            assert same == (seq != 1), f"sequence {seq} {'changed' if not same else 'unchanged'}"
+    dmodel = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32")
+    dref = DFlashReference(dcfg, dweights, target[1])
+    dbase = run_draft(dmodel, dref, DRAFT_SCHEDULE, seed=0)
+    changed_draft = [[(s, n, [99, *b[1:]] if s == 0 and b else b) for s, n, b in call] for call in DRAFT_SCHEDULE]
+    dmodel2 = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32")
+    dchanged = run_draft(dmodel2, dref, changed_draft, seed=0)
+    for a, b in zip(dbase.ir, dchanged.ir, strict=True):
+        for seq in a:
+            if seq != 0:
+                assert all(np.array_equal(a[seq][k], b[seq][k]) for k in a[seq]), f"draft sequence {seq} changed"
+
+
+def test_u8_cache_keeps_greedy_tokens_except_near_ties(target):
+    """The default u8 cache quantizes keys and values; greedy tokens may only flip where the reference nearly ties."""
+    cfg, weights = target
+    model = PagedModel(build_target(cfg, weights, (1, 3, 5)), kv_cache_precision="u8", inference_precision="f32")
+    out = run_target(model, Qwen3Reference(cfg, weights), (1, 3, 5), TARGET_SCHEDULE)
+    ir = np.concatenate([c[s]["logits"] for c in out.ir for s in sorted(c)])
+    ref = np.concatenate([c[s]["logits"] for c in out.ref for s in sorted(c)])
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    margins = (top2[:, 1] - top2[:, 0]) / ref.std()
+    flipped = ir.argmax(-1) != ref.argmax(-1)
+    print(
+        f"u8 KV cache: logits NMSE {out.nmse('logits'):.2e}, {flipped.sum()} of {len(flipped)} greedy tokens "
+        f"flipped, reference margins there {np.round(margins[flipped], 4).tolist()}"
+    )
+    assert out.nmse("logits") < 1e-3, f"u8 KV cache logits NMSE {out.nmse('logits'):.2e}"
+    assert flipped.mean() < 0.05 and np.all(margins[flipped] < 0.01), (
+        f"greedy tokens flipped beyond near-ties: margins {margins[flipped]}"
+    )
