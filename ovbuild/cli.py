@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from ovbuild import __version__
+from ovbuild.commands import COMMANDS
 from ovbuild.errors import OvbuildError
 
 
@@ -16,7 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
         "without PyTorch or tracing.",
     )
     parser.add_argument("--version", action="version", version=f"ovbuild {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"ovbuild.commands.{name}").register(subparsers)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""BuildContext: what every building block of one graph needs (geometry, weights, weight policy, paged inputs)."""
+"""BuildContext: what every building block of one graph needs (geometry, weights, weight policy, attention)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import openvino.opset16 as ops
 
 from ovbuild.graph.ops import Output, named
-from ovbuild.graph.paged_attention import PagedInputs
+from ovbuild.graph.paged_attention import AttentionBackend
 from ovbuild.graph.rope import RotaryTables
 from ovbuild.graph.weights import WeightPolicy, f32_constant
 from ovbuild.weights.config import Backbone
@@ -21,7 +21,7 @@ class BuildContext:
     cfg: Backbone
     weights: WeightSource
     policy: WeightPolicy
-    paged: PagedInputs
+    attention: AttentionBackend  # PagedInputs for paged IRs; the stateful SDPA form plugs in its own
     rope: RotaryTables
 
     def linear(self, x: Output, name: str, out_features: int, in_features: int) -> Output:

@@ -31,7 +31,7 @@ def self_attention(
     kv_input: Output,
     token_type_ids: Output | None = None,
 ) -> Output:
-    """Queries from u [T, H], keys/values from kv_input [T, H] (u itself in the target), paged -> [T, H]."""
+    """Queries from u [T, H], keys/values from kv_input [T, H] (u itself in the target) -> [T, H]."""
     cfg, p = ctx.cfg, f"layers.{i}.self_attn"
     h = cfg.hidden_size
     q = heads(ctx, ctx.linear(u, f"{p}.q_proj", cfg.q_size, h), cfg.num_heads, f"{p}.q_norm", f"layers.{i}/q")
@@ -39,7 +39,7 @@ def self_attention(
         ctx, ctx.linear(kv_input, f"{p}.k_proj", cfg.kv_size, h), cfg.num_kv_heads, f"{p}.k_norm", f"layers.{i}/k"
     )
     v = ctx.linear(kv_input, f"{p}.v_proj", cfg.kv_size, h)
-    attn = ctx.paged.attention(
+    attn = ctx.attention.attend(
         q,
         k,
         v,
@@ -48,7 +48,7 @@ def self_attention(
         head_dim=cfg.head_dim,
         sliding_window=cfg.sliding_windows[i],
         token_type_ids=token_type_ids,
-        path=f"layers.{i}/self_attn/paged_attention",
+        path=f"layers.{i}/self_attn/attention",
     )
     return ctx.linear(attn, f"{p}.o_proj", h, cfg.q_size)
 

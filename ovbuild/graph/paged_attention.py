@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import openvino as ov
 from openvino._pyopenvino.op import _PagedAttentionExtension
@@ -10,6 +12,24 @@ from ovbuild.graph.ops import Output, const, i32, named, parameter
 
 # The four sequence-layout inputs every paged model has, shared by all of its PagedAttention nodes.
 SEQUENCE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")
+
+
+class AttentionBackend(Protocol):
+    """How a graph attends: q [T, H * D], k/v [T, KV * D] of layer `layer` -> [T, H * D]."""
+
+    def attend(
+        self,
+        q: Output,
+        k: Output,
+        v: Output,
+        layer: int,
+        *,
+        num_kv_heads: int,
+        head_dim: int,
+        sliding_window: int = 0,
+        token_type_ids: Output | None = None,
+        path: str,
+    ) -> Output: ...
 
 
 class PagedInputs:
@@ -26,7 +46,7 @@ class PagedInputs:
     def parameters(self) -> list[ov.Node]:
         return [*self.sequence.values(), self.max_context_len, *self.caches]
 
-    def attention(
+    def attend(
         self,
         q: Output,
         k: Output,

@@ -22,13 +22,21 @@ class WeightPolicy:
     """How matrices are stored in the IR: `keep` the checkpoint precision, or cast to fp32/fp16/bf16.
 
     Norm weights and other small vectors always become f32 (they feed fp32 arithmetic and cost nothing).
+    `sym`, `group_size` and `all_layers` describe integer compression (int8 / int4) as optimum-cli names them.
     """
 
     weight_format: str = "keep"
+    sym: bool = False
+    group_size: int = 128
+    all_layers: bool = False
 
     def __post_init__(self):
         if self.weight_format not in FLOAT_FORMATS:
             raise UnsupportedError(f"weight format '{self.weight_format}' is not one of {', '.join(FLOAT_FORMATS)}")
+
+    def uncompressed(self) -> WeightPolicy:
+        """The policy for tensors that are never integer-compressed (Markov heads): float formats pass through."""
+        return self if self.weight_format in FLOAT_FORMATS else WeightPolicy()
 
     def matrix(self, tensor: WeightTensor, path: str, role: str = "linear") -> Output:
         """A [out, in] matrix as an f32-valued node (Constant, plus Convert when stored narrower).
