@@ -33,10 +33,14 @@ class PagedModel:
         device: str = "CPU",
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
-        num_blocks: int = 256,
+        num_blocks: int | None = None,
+        cache_mb: float = 256,
     ):
+        """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes."""
         self.compiled = core().compile_model(model, device, compile_config(kv_cache_precision, inference_precision))
         self.request = self.compiled.create_infer_request()
+        if num_blocks is None:
+            num_blocks = max(1, int(cache_mb * 2**20 // block_bytes(self.compiled)))
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
 
@@ -47,3 +51,13 @@ class PagedModel:
 
     def free(self, seq_id: int) -> None:
         self.cache.allocator.free(seq_id)
+
+
+def block_bytes(compiled: ov.CompiledModel) -> int:
+    """Bytes one cache block takes across all layers' key and value caches, in the compiled precision."""
+    total = 0
+    for port in compiled.inputs:
+        if port.get_any_name().startswith(("key_cache.", "value_cache.")):
+            dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
+            total += int(np.prod(dims)) * port.get_element_type().bitwidth // 8
+    return max(total, 1)

@@ -1,0 +1,10 @@
+"""Drafters by family: how each draft family turns its IR outputs into proposals."""
+
+from __future__ import annotations
+
+from ovbuild.runtime.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.drafters.block import BlockDrafter
+
+DRAFTERS: dict[str, type[Drafter]] = {"dflash": BlockDrafter}
+
+__all__ = ["DRAFTERS", "BlockDrafter", "DraftItem", "Drafter"]

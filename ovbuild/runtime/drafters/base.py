@@ -1,0 +1,43 @@
+"""The drafter interface: what the scheduler needs from any draft family, one batched draft call per step."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DraftItem:
+    """One sequence's share of a draft call."""
+
+    seq_id: int
+    context: np.ndarray | None  # [S, n * H_t] target taps of tokens the draft has not seen yet, or None
+    anchor: int | None  # the last committed token, or None for a context-only row set (prompt still prefilling)
+    num_tokens: int  # proposals wanted from this block
+
+
+class Drafter(ABC):
+    """A draft model with its own paged cache. `propose` packs every item into one call and returns proposals."""
+
+    target_layer_ids: tuple[int, ...]
+    max_candidates: int  # proposals a full block yields
+    infer_s: float = 0.0  # time spent inside draft inference calls, for the time split
+
+    @classmethod
+    @abstractmethod
+    def from_folder(cls, folder, **options) -> Drafter:
+        """Load the drafter from an exported draft folder (options: device, cache precision, cache size)."""
+
+    @abstractmethod
+    def propose(self, items: list[DraftItem]) -> list[list[int]]:
+        """Commit each item's context rows and return up to `num_tokens` proposed tokens per item ([] if no anchor)."""
+
+    @abstractmethod
+    def can_hold(self, seq_id: int, length: int) -> bool:
+        """Whether the draft cache can take a sequence of `length` tokens (plus one block)."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """Release the sequence's cache blocks and state."""

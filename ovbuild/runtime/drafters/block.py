@@ -1,0 +1,112 @@
+"""BlockDrafter: runs a per-row DFlash-family backbone IR (context rows then block rows per sequence).
+
+DFlash v1 proposes the argmax of each candidate row; families with a Markov head override `choose`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+from ovbuild.graph.ir import read_ir
+from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.runtime.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.paged_model import PagedModel
+
+
+class BlockDrafter(Drafter):
+    """A DFlash-family draft: every step, each sequence gets its new context rows and one full block."""
+
+    def __init__(
+        self,
+        model: ov.Model,
+        device: str = "CPU",
+        kv_cache_precision: str = "u8",
+        inference_precision: str | None = None,
+        cache_mb: float = 256,
+    ):
+        self.block_size = int(get_rt_info(model, "dflash/block_size"))
+        self.mask_token_id = int(get_rt_info(model, "dflash/mask_token_id"))
+        self.candidate_offset = int(get_rt_info(model, "dflash/candidate_offset", "1"))
+        self.target_layer_ids = tuple(int(t) for t in get_rt_info(model, "dflash/target_layer_ids").split(","))
+        self.max_candidates = self.block_size - self.candidate_offset
+        self.width = model.input("hidden_states").get_partial_shape()[1].get_length()
+        self.model = PagedModel(model, device, kv_cache_precision, inference_precision, cache_mb=cache_mb)
+        self.committed: dict[int, int] = {}
+        self.infer_s = 0.0
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, **options) -> BlockDrafter:
+        """Load the draft IR(s) of an exported folder."""
+        return cls(read_ir(folder), **options)
+
+    def can_hold(self, seq_id: int, length: int) -> bool:
+        return self.model.cache.allocator.can_hold(seq_id, length + self.block_size)
+
+    def free(self, seq_id: int) -> None:
+        self.model.free(seq_id)
+        self.committed.pop(seq_id, None)
+
+    def propose(self, items: list[DraftItem]) -> list[list[int]]:
+        rows, blocks = [], []
+        for item in items:
+            block = self.block_size if item.anchor is not None and item.num_tokens > 0 else 0
+            rows.append(SequenceRows(item.seq_id, self.committed.get(item.seq_id, 0), _rows(item.context) + block))
+            blocks.append(block)
+        inputs, candidate_begins = self._inputs(items, rows, blocks)
+        start = time.perf_counter()
+        outputs = self.model.run(rows, inputs)
+        self.infer_s += time.perf_counter() - start
+        for item in items:
+            self.committed[item.seq_id] = self.committed.get(item.seq_id, 0) + _rows(item.context)
+        return self.choose(items, outputs, candidate_begins)
+
+    def choose(
+        self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
+    ) -> list[list[int]]:
+        """Greedy proposals: the argmax of each candidate row, the first `num_tokens` of each block."""
+        best = outputs["logits"].argmax(-1)  # [R]
+        return [
+            best[candidate_begins[i] : candidate_begins[i + 1]][: item.num_tokens].tolist()
+            for i, item in enumerate(items)
+        ]
+
+    def _inputs(
+        self, items: list[DraftItem], rows: list[SequenceRows], blocks: list[int]
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Packed per-row inputs: [context rows (type 0) ; block rows (type 1)] per sequence."""
+        total = sum(r.num_rows for r in rows)
+        ids = np.full(total, self.mask_token_id, np.int64)
+        token_types = np.zeros(total, np.int32)
+        hidden = np.zeros((total, self.width), np.float32)
+        positions = np.empty(total, np.int64)
+        candidates, candidate_begins = [], [0]
+        start = 0
+        for item, r, block in zip(items, rows, blocks, strict=True):
+            n_ctx = _rows(item.context)
+            positions[start : start + r.num_rows] = np.arange(r.past_len, r.past_len + r.num_rows)
+            if n_ctx:
+                hidden[start : start + n_ctx] = item.context
+            first_block_row = start + n_ctx
+            if block:
+                ids[first_block_row] = item.anchor
+                token_types[first_block_row : first_block_row + block] = 1
+                candidates.extend(range(first_block_row + self.candidate_offset, first_block_row + block))
+            candidate_begins.append(len(candidates))
+            start += r.num_rows
+        inputs = {
+            "input_ids": ids,
+            "token_type_ids": token_types,
+            "hidden_states": hidden,
+            "position_ids": positions,
+            "candidate_indices": np.array(candidates, np.int64),
+        }
+        return inputs, np.array(candidate_begins)
+
+
+def _rows(context: np.ndarray | None) -> int:
+    return 0 if context is None else len(context)

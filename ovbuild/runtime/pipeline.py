@@ -1,0 +1,119 @@
+"""Pipeline: exported target (and draft) folders -> text in, text out, many requests at once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from ovbuild.errors import CompatibilityError, ExportError
+from ovbuild.graph.ir import read_ir
+from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.runtime.drafters import DRAFTERS, Drafter
+from ovbuild.runtime.metrics import RunMetrics
+from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.request import GenerationConfig, Request
+from ovbuild.runtime.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Where and how models run."""
+
+    device: str = "CPU"
+    kv_cache_precision: str = "u8"
+    inference_precision: str | None = None  # None = the device's default (bf16 on CPUs with bf16 units)
+    cache_mb: float = 512
+    max_num_batched_tokens: int = 2048
+
+
+class Pipeline:
+    """A compiled target with its tokenizer, and optionally a drafter; `generate` serves prompts concurrently."""
+
+    def __init__(
+        self, target_dir: str | Path, draft_dir: str | Path | None = None, options: RuntimeOptions | None = None
+    ):
+        self.options = options or RuntimeOptions()
+        o = self.options
+        target_dir = Path(target_dir)
+        model = read_ir(target_dir)
+        self.target = PagedModel(model, o.device, o.kv_cache_precision, o.inference_precision, cache_mb=o.cache_mb)
+        self.tokenizer = load_tokenizer(target_dir)
+        self.eos_token_ids = eos_token_ids(target_dir)
+        self.drafter = load_drafter(draft_dir, o) if draft_dir is not None else None
+        if self.drafter is not None:
+            taps = get_rt_info(model, "ovbuild/target_layer_ids", "")
+            if taps != ",".join(str(t) for t in self.drafter.target_layer_ids):
+                raise CompatibilityError(
+                    f"{draft_dir}: the draft reads target layers {self.drafter.target_layer_ids} "
+                    f"but {target_dir} was exported with taps [{taps}] (export the target with "
+                    "--draft-of this draft)"
+                )
+
+    def scheduler(self, trace: bool = False) -> Scheduler:
+        """A fresh scheduler over this pipeline's compiled models and caches."""
+        return Scheduler(self.target, self.drafter, self.options.max_num_batched_tokens, self.decode, trace)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def generate(
+        self,
+        prompts: list[str],
+        max_new_tokens: int = 64,
+        num_assistant_tokens: int | None = None,
+        stop_strings: tuple[str, ...] = (),
+        trace: bool = False,
+        on_step: Callable[[Scheduler], None] | None = None,
+    ) -> tuple[list[Request], RunMetrics]:
+        """Run every prompt as a concurrent request; returns finished requests (in prompt order) and run totals."""
+        config = GenerationConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens)
+        scheduler = self.scheduler(trace)
+        for prompt in prompts:
+            scheduler.add_request(self.encode(prompt), config)
+        while scheduler.has_unfinished():
+            scheduler.step()
+            if on_step is not None:
+                on_step(scheduler)
+        return sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
+
+
+def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
+    """The drafter class registered for the folder's family, loaded with the runtime options."""
+    model_file = Path(folder) / "openvino_model.xml"
+    if not model_file.exists():
+        raise ExportError(f"{folder}: no openvino_model.xml (not an exported draft folder)")
+    family = get_rt_info(read_ir(model_file), "ovbuild/family")
+    if family not in DRAFTERS:
+        raise ExportError(f"{model_file}: no drafter for family {family!r} (known: {', '.join(DRAFTERS)})")
+    return DRAFTERS[family].from_folder(
+        folder,
+        device=options.device,
+        kv_cache_precision=options.kv_cache_precision,
+        inference_precision=options.inference_precision,
+        cache_mb=options.cache_mb,
+    )
+
+
+def load_tokenizer(folder: Path) -> Tokenizer:
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        raise ExportError(f"{path}: tokenizer not found (export the target with its tokenizer)")
+    return Tokenizer.from_file(str(path))
+
+
+def eos_token_ids(folder: Path) -> tuple[int, ...]:
+    """End-of-sequence ids from generation_config.json, else config.json."""
+    for name in ("generation_config.json", "config.json"):
+        path = folder / name
+        if path.exists():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if value is not None:
+                return tuple(value) if isinstance(value, list) else (value,)
+    return ()

@@ -1,0 +1,60 @@
+"""A generation request and its lifecycle inside the scheduler."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ovbuild.runtime.metrics import RequestMetrics
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Per-request settings (greedy decoding): when to stop and how many draft tokens to verify per step."""
+
+    max_new_tokens: int = 64
+    eos_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    num_assistant_tokens: int | None = None  # None = the drafter's full block
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence: prompt, committed tokens, and where target and draft caches stand."""
+
+    id: int
+    prompt: np.ndarray
+    config: GenerationConfig
+    status: Status = Status.WAITING
+    generated: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str = ""
+    prefilled: int = 0  # prompt tokens already in the target cache
+    target_len: int = 0  # tokens committed to the target cache (the anchor is not among them)
+    pending_taps: list[np.ndarray] = field(default_factory=list)  # target taps the draft has not seen yet
+    proposal: list[int] = field(default_factory=list)  # draft tokens to verify in the next target call
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    trace: list[dict] = field(default_factory=list)
+
+    @property
+    def anchor(self) -> int:
+        """The last committed token: the first verification row and the draft block's first row."""
+        return self.generated[-1]
+
+    @property
+    def remaining(self) -> int:
+        return self.config.max_new_tokens - len(self.generated)
+
+    @property
+    def total_len(self) -> int:
+        """Tokens this request can ever occupy in a cache (prompt + new tokens + one block of draft rows)."""
+        return len(self.prompt) + self.config.max_new_tokens

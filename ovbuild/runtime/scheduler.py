@@ -1,0 +1,258 @@
+"""Continuous batching with speculative decoding: one target call and one draft call per step for all requests.
+
+Each step:
+  1. admit waiting requests whose worst-case length fits both caches (others wait; nothing is ever evicted);
+  2. one target call packs the verification rows [anchor, d1..dk] of decoding requests and prompt chunks of
+     prefilling ones (bounded by max_num_batched_tokens);
+  3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token;
+     the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them;
+  4. one draft call packs, per request, the target taps it has not seen and (when decoding) a new block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ovbuild.errors import CacheExhaustedError, UnsupportedError
+from ovbuild.runtime.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.metrics import RunMetrics
+from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.request import GenerationConfig, Request, Status
+
+
+class Scheduler:
+    """Serves many requests at once on a paged target, with an optional drafter (None = target alone)."""
+
+    def __init__(
+        self,
+        target: PagedModel,
+        drafter: Drafter | None = None,
+        max_num_batched_tokens: int = 2048,
+        detokenize: Callable[[list[int]], str] | None = None,
+        trace: bool = False,
+    ):
+        self.target, self.drafter = target, drafter
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.detokenize, self.trace = detokenize, trace
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.finished: list[Request] = []
+        self.metrics = RunMetrics()
+        self._next_id = 0
+
+    def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
+        """Queue a request; it joins the running batch as soon as both caches can hold it."""
+        config = config or GenerationConfig()
+        request = Request(self._next_id, np.asarray(prompt, np.int64), config)
+        self._check(request)
+        self._next_id += 1
+        self.waiting.append(request)
+        return request
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def run(self) -> list[Request]:
+        """Step until every request has finished; returns them in arrival order."""
+        while self.has_unfinished():
+            self.step()
+        return sorted(self.finished, key=lambda r: r.id)
+
+    def step(self) -> list[Request]:
+        """One scheduling step; returns the requests that finished in it."""
+        start = time.perf_counter()
+        self._admit()
+        done = self._target_step()
+        if self.drafter is not None:
+            self._draft_step()
+        for request in done:
+            self._release(request)
+        self.metrics.steps += 1
+        self.metrics.wall_s += time.perf_counter() - start
+        return done
+
+    # -- admission -------------------------------------------------------------------------------------------------
+
+    def _check(self, request: Request) -> None:
+        k = request.config.num_assistant_tokens
+        if self.drafter is not None and k is not None and not 0 <= k <= self.drafter.max_candidates:
+            raise UnsupportedError(
+                f"num_assistant_tokens = {k}: this draft proposes at most {self.drafter.max_candidates} tokens per step"
+            )
+        if len(request.prompt) == 0:
+            raise UnsupportedError("empty prompt: at least one token is needed")
+        allocator = self.target.cache.allocator
+        need = -(-self._target_budget(request) // allocator.block_size)
+        if need > allocator.num_blocks:
+            raise CacheExhaustedError(
+                f"a request of {len(request.prompt)} prompt tokens and max_new_tokens="
+                f"{request.config.max_new_tokens} needs {need} target cache blocks; the cache "
+                f"has {allocator.num_blocks} (raise the cache size)"
+            )
+
+    def _target_budget(self, request: Request) -> int:
+        extra = self.drafter.max_candidates + 1 if self.drafter is not None else 1
+        return request.total_len + extra
+
+    def _admit(self) -> None:
+        """FIFO admission, reserving each request's worst case so that no running request ever runs out of blocks."""
+        while self.waiting:
+            request = self.waiting[0]
+            allocator = self.target.cache.allocator
+            if not allocator.can_hold(request.id, self._target_budget(request)):
+                break
+            if self.drafter is not None and not self.drafter.can_hold(request.id, request.total_len):
+                break
+            allocator.reserve(request.id, self._target_budget(request))
+            request.status = Status.PREFILL
+            self.running.append(self.waiting.pop(0))
+
+    # -- target call and verification -----------------------------------------------------------------------------
+
+    def _target_step(self) -> list[Request]:
+        batch = self._target_batch()
+        if not batch:
+            return []
+        rows, ids, positions, wanted = [], [], [], []
+        for request, tokens, want in batch:
+            begin = len(ids)
+            rows.append(SequenceRows(request.id, request.target_len, len(tokens)))
+            ids.extend(tokens)
+            positions.extend(range(request.target_len, request.target_len + len(tokens)))
+            wanted.extend(begin + w for w in want)
+        start = time.perf_counter()
+        out = self.target.run(
+            rows,
+            {
+                "input_ids": np.array(ids, np.int64),
+                "position_ids": np.array(positions, np.int64),
+                "logits_indices": np.array(wanted, np.int64),
+            },
+        )
+        self.metrics.target_infer_s += time.perf_counter() - start
+        greedy = out["logits"].argmax(-1)  # [R]
+        hidden = out.get("hidden_states")
+        done, row, logit_row = [], 0, 0
+        for request, tokens, want in batch:
+            taps = hidden[row : row + len(tokens)] if hidden is not None and self.drafter is not None else None
+            if request.status is Status.PREFILL:
+                self._prefilled(request, tokens, taps, greedy[logit_row : logit_row + len(want)])
+            else:
+                self._verify(request, greedy[logit_row : logit_row + len(want)], taps)
+            if request.status is Status.FINISHED:
+                done.append(request)
+            row += len(tokens)
+            logit_row += len(want)
+        return done
+
+    def _target_batch(self) -> list[tuple[Request, list[int], list[int]]]:
+        """(request, rows to run, rows whose logits are wanted): verification rows first, then prompt chunks."""
+        batch, budget = [], self.max_num_batched_tokens
+        for request in self.running:
+            if request.status is Status.DECODE:
+                tokens = [request.anchor, *request.proposal]
+                batch.append((request, tokens, list(range(len(tokens)))))
+                budget -= len(tokens)
+        for request in self.running:
+            if request.status is Status.PREFILL and (budget > 0 or not batch):
+                n = min(len(request.prompt) - request.target_len, max(budget, 1))
+                chunk = request.prompt[request.target_len : request.target_len + n].tolist()
+                last = request.target_len + n == len(request.prompt)
+                batch.append((request, chunk, [n - 1] if last else []))
+                budget -= n
+        return batch
+
+    def _prefilled(self, request: Request, chunk: list[int], taps, greedy: np.ndarray) -> None:
+        request.target_len += len(chunk)
+        if taps is not None:
+            request.pending_taps.append(taps.copy())
+        if request.target_len == len(request.prompt):
+            request.status = Status.DECODE
+            request.metrics.first_token_time = time.perf_counter()
+            self._commit(request, [int(greedy[-1])])
+
+    def _verify(self, request: Request, greedy: np.ndarray, taps) -> None:
+        proposal = request.proposal
+        accepted = 0
+        while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:
+            accepted += 1
+        if self.trace:
+            request.trace.append(
+                {"anchor_position": request.target_len, "proposed": list(proposal), "accepted": accepted}
+            )
+        request.metrics.record_verification(len(proposal), accepted)
+        if taps is not None:
+            request.pending_taps.append(taps[: accepted + 1].copy())
+        request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
+        request.proposal = []
+        self._commit(request, [*proposal[:accepted], int(greedy[accepted])])
+
+    def _commit(self, request: Request, tokens: list[int]) -> None:
+        """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
+        config = request.config
+        for token in tokens:
+            if token in config.eos_token_ids:
+                request.finish_reason = "stop"
+                break
+            request.generated.append(token)
+            if request.remaining <= 0:
+                request.finish_reason = "length"
+                break
+        if config.stop_strings and self.detokenize is not None:
+            self._check_stop_strings(request)
+        if request.finish_reason is not None:
+            request.status = Status.FINISHED
+
+    def _check_stop_strings(self, request: Request) -> None:
+        text = self.detokenize(request.generated)
+        hits = [i for i in (text.find(s) for s in request.config.stop_strings) if i >= 0]
+        if not hits:
+            return
+        cut = min(hits)
+        # keep the fewest tokens whose text reaches the stop string
+        while len(request.generated) > 1 and len(self.detokenize(request.generated[:-1])) > cut:
+            request.generated.pop()
+        request.text = text[:cut]
+        request.finish_reason = "stop_string"
+
+    # -- draft call -----------------------------------------------------------------------------------------------
+
+    def _draft_step(self) -> None:
+        items, owners = [], []
+        for request in self.running:
+            if request.status is Status.FINISHED:
+                continue
+            context = np.concatenate(request.pending_taps) if request.pending_taps else None
+            request.pending_taps = []
+            anchor, k = None, 0
+            if request.status is Status.DECODE:
+                wanted = request.config.num_assistant_tokens
+                k = min(self.drafter.max_candidates if wanted is None else wanted, request.remaining - 1)
+                anchor = request.anchor if k > 0 else None
+            if context is None and anchor is None:
+                continue
+            items.append(DraftItem(request.id, context, anchor, k))
+            owners.append(request)
+        if not items:
+            return
+        before = self.drafter.infer_s
+        proposals = self.drafter.propose(items)
+        self.metrics.draft_infer_s += self.drafter.infer_s - before
+        for request, proposal in zip(owners, proposals, strict=True):
+            request.proposal = proposal
+
+    def _release(self, request: Request) -> None:
+        request.metrics.finish_time = time.perf_counter()
+        request.metrics.num_generated_tokens = len(request.generated)
+        if not request.text and self.detokenize is not None:
+            request.text = self.detokenize(request.generated)
+        self.target.free(request.id)
+        if self.drafter is not None:
+            self.drafter.free(request.id)
+        self.running.remove(request)
+        self.finished.append(request)
+        self.metrics.add(request.metrics)
