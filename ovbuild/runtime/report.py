@@ -1,0 +1,42 @@
+"""Human and JSON renderings of run results and metrics."""
+
+from __future__ import annotations
+
+from ovbuild.runtime.metrics import RunMetrics
+from ovbuild.runtime.request import Request
+
+
+def format_metrics(metrics: RunMetrics, with_draft: bool) -> str:
+    """A few aligned lines: throughput, time split and, with a draft, acceptance."""
+    m, r = metrics, metrics.requests
+    lines = [
+        f"generated tokens     {r.num_generated_tokens} in {m.steps} steps, {m.wall_s * 1e3:.1f} ms "
+        f"({m.tokens_per_second:.1f} tokens/s)",
+        f"time split           target {m.target_infer_s * 1e3:.1f} ms, draft {m.draft_infer_s * 1e3:.1f} ms, "
+        f"host {m.host_s * 1e3:.1f} ms",
+    ]
+    if with_draft:
+        lines += [
+            f"acceptance           {r.num_accepted_tokens}/{r.num_draft_tokens} draft tokens "
+            f"({r.acceptance_rate:.1%}), mean acceptance length {r.mean_acceptance_length:.2f}",
+            f"accepted per position {r.accepted_per_position}",
+            f"accepted histogram    {r.accepted_histogram}",
+        ]
+    return "\n".join(lines)
+
+
+def results_json(prompts: list[str], requests: list[Request], metrics: RunMetrics, trace: bool) -> dict:
+    """Per-request prompt, token ids, text and metrics (plus each speculative step with trace), and the totals."""
+    out = []
+    for prompt, request in zip(prompts, requests, strict=True):
+        item = {
+            "prompt": prompt,
+            "generated_ids": request.generated,
+            "text": request.text,
+            "finish_reason": request.finish_reason,
+            "metrics": request.metrics.as_dict(),
+        }
+        if trace:
+            item["trace"] = request.trace
+        out.append(item)
+    return {"requests": out, "totals": metrics.as_dict()}

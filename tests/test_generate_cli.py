@@ -1,0 +1,77 @@
+"""`ovbuild generate` on exported tiny folders: text, JSON results with metrics and traces, clean errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from ovbuild.cli import main
+from ovbuild.graph.dflash import build_dflash_draft
+from ovbuild.graph.ir import save_ir
+from ovbuild.graph.target import build_target
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, tiny_target, target, draft):
+    """IR folders as an export writes them: target with tokenizer and generation config, draft IR."""
+    root = tmp_path_factory.mktemp("exported")
+    (tcfg, tweights), (dcfg, dweights) = target, draft
+    save_ir(build_target(tcfg, tweights, dcfg.target_layer_ids), root / "target" / "openvino_model.xml")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"):
+        shutil.copy(tiny_target / name, root / "target" / name)
+    save_ir(build_dflash_draft(dcfg, dweights, tweights), root / "draft" / "openvino_model.xml")
+    return root / "target", root / "draft"
+
+
+def generate(folders, tmp_path, *extra):
+    target, _ = folders
+    out = tmp_path / f"out{len(list(tmp_path.iterdir()))}.json"
+    args = [
+        "generate",
+        "--target",
+        str(target),
+        "--prompt",
+        "def add(a, b):",
+        "--prompt",
+        "import os\n",
+        "--max-new-tokens",
+        "12",
+        "--kv-cache-precision",
+        "f32",
+        "--json",
+        str(out),
+        *extra,
+    ]
+    assert main(args) == 0
+    return json.loads(out.read_text())
+
+
+def test_generate_with_and_without_draft_gives_the_same_tokens(folders, tmp_path, capsys):
+    alone = generate(folders, tmp_path)
+    spec = generate(folders, tmp_path, "--draft", str(folders[1]), "--trace", "--num-assistant-tokens", "5")
+    assert [r["generated_ids"] for r in spec["requests"]] == [r["generated_ids"] for r in alone["requests"]]
+    assert all(len(r["generated_ids"]) == 12 for r in spec["requests"])
+    totals = spec["totals"]
+    assert totals["num_generated_tokens"] == 24 and totals["num_draft_tokens"] > 0
+    first = spec["requests"][0]
+    assert first["prompt"] == "def add(a, b):" and first["trace"]
+    assert all(len(step["proposed"]) <= 5 for step in first["trace"])
+    err = capsys.readouterr().err
+    assert "mean acceptance length" in err and "tokens/s" in err
+
+
+def test_single_prompt_streams_its_text(folders, tmp_path, capsys):
+    target, _ = folders
+    assert main(["generate", "--target", str(target), "--prompt", "x = ", "--max-new-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n") and len(out) > 1
+
+
+def test_missing_prompt_and_missing_folder_are_clean_errors(folders, tmp_path, capsys):
+    target, _ = folders
+    assert main(["generate", "--target", str(target)]) == 2
+    assert "no prompt given" in capsys.readouterr().err
+    assert main(["generate", "--target", str(tmp_path / "nope"), "--prompt", "a"]) == 2
+    assert "no such IR file" in capsys.readouterr().err
