@@ -52,6 +52,9 @@ def test_target_matches_reference(target):
     out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
     assert out.nmse("logits") < 1e-6, f"logits NMSE {out.nmse('logits'):.2e}"
     assert out.nmse("hidden_states") < 1e-6, f"hidden_states NMSE {out.nmse('hidden_states'):.2e}"
+    for call in out.ir:
+        for seq in call.values():
+            assert np.array_equal(seq["greedy_ids"], seq["logits"].argmax(-1))
 
 
 def test_draft_matches_reference(target, draft):

@@ -7,6 +7,8 @@ x ─ input_layernorm ─ u ─┬─ q_proj ─ q_norm ─ rope ─────
 
 from __future__ import annotations
 
+import numpy as np
+import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.context import BuildContext
@@ -95,3 +97,9 @@ def lm_head(ctx: BuildContext, source, h: Output, name: str = "lm_head") -> Outp
     cfg = ctx.cfg
     w = ctx.policy.matrix(source.get(name, (cfg.vocab_size, cfg.hidden_size)), name, role="lm_head")
     return named(ops.matmul(h, w, False, True), name)
+
+
+def greedy_ids(logits: Output, path: str = "greedy_ids") -> Output:
+    """Argmax over the vocabulary inside the graph: logits [R, V] -> [R] i64, so the host never scans logits."""
+    top = ops.topk(logits, ops.constant(np.array(1, np.int64)), -1, "max", "none", ov.Type.i64)
+    return named(ops.squeeze(top.output(1), i64([1])), path)

@@ -16,7 +16,7 @@ import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
+from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import Output, const, i32, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
@@ -60,7 +60,8 @@ def build_dflash_draft(
     h = norm(ctx, picked, "norm")  # [R, H]
     logits = logit_transforms(cfg, lm_head(ctx, owner(draft, target, "lm_head"), h))
     params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]
-    model = ov.Model([result(logits, "logits"), result(h, "last_hidden_state")], params, f"ovbuild_{cfg.family}_draft")
+    outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids"), result(h, "last_hidden_state")]
+    model = ov.Model(outputs, params, f"ovbuild_{cfg.family}_draft")
     set_rt_info(model, draft_rt_info(cfg))
     return model
 

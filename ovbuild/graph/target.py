@@ -10,7 +10,7 @@ import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
+from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
@@ -43,7 +43,8 @@ def build_target(
     # transformers reports the last layer's output after the final norm; a tap of that layer takes the same.
     layer_outputs[-1] = h
     picked = named(ops.gather(h, logits_indices, i64(0)), "logits_rows")  # [R, H]
-    outputs = [result(lm_head(ctx, weights, picked), "logits")]
+    logits = lm_head(ctx, weights, picked)  # [R, V]
+    outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]
     if target_layer_ids:
         taps = [layer_outputs[t] for t in target_layer_ids]
         hidden = taps[0] if len(taps) == 1 else named(ops.concat(taps, -1), "hidden_states/concat")  # [T, n * H]

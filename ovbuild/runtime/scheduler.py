@@ -134,7 +134,7 @@ class Scheduler:
             },
         )
         self.metrics.target_infer_s += time.perf_counter() - start
-        greedy = out["logits"].argmax(-1)  # [R]
+        greedy = out["greedy_ids"]  # [R], the argmax computed inside the graph
         hidden = out.get("hidden_states")
         done, row, logit_row = [], 0, 0
         for request, tokens, want in batch:

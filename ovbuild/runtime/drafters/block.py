@@ -69,7 +69,7 @@ class BlockDrafter(Drafter):
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
     ) -> list[list[int]]:
         """Greedy proposals: the argmax of each candidate row, the first `num_tokens` of each block."""
-        best = outputs["logits"].argmax(-1)  # [R]
+        best = outputs["greedy_ids"]  # [R]
         return [
             best[candidate_begins[i] : candidate_begins[i + 1]][: item.num_tokens].tolist()
             for i, item in enumerate(items)
