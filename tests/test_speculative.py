@@ -125,3 +125,18 @@ def test_metrics_add_up(models):
     for r in scheduler.finished:
         assert r.metrics.ttft is not None and r.metrics.ttft > 0
         assert sum(s["accepted"] for s in r.trace) == r.metrics.num_accepted_tokens
+
+
+def test_default_runtime_options_are_exact(models):
+    """The pipeline defaults (f16 target cache, f32 target math, u8 draft cache) keep speculation lossless."""
+    from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
+
+    target_model, draft_model = models
+    rng = np.random.default_rng(99)
+    arrivals = [(int(rng.integers(0, 3)), p, GenerationConfig(max_new_tokens=24)) for p in prompts(rng, 12)]
+    results = []
+    fast = dict(kv_cache_precision=FAST_DRAFT.kv_cache_precision, inference_precision=FAST_DRAFT.inference_precision)
+    for drafter in (None, BlockDrafter(draft_model, **fast)):
+        target = PagedModel(target_model, "CPU", EXACT_TARGET.kv_cache_precision, EXACT_TARGET.inference_precision)
+        results.append(run(Scheduler(target, drafter), arrivals))
+    assert results[0] == results[1]

@@ -36,24 +36,40 @@ def register(subparsers) -> None:
 
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
-    """Device and cache options shared by the commands that run models."""
+    """Device and cache options shared by the commands that run models (defaults: exact target, fast draft)."""
+    from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
+
+    precisions = ["u8", "f16", "bf16", "f32"]
     p.add_argument("--device", default="CPU", help="OpenVINO device (CPU, GPU, ...)")
-    p.add_argument("--kv-cache-precision", default="u8", choices=["u8", "f16", "f32"])
+    p.add_argument(
+        "--kv-cache-precision",
+        default=EXACT_TARGET.kv_cache_precision,
+        choices=precisions,
+        help="target KV cache precision (default f16: exact; u8 is smaller but not exactly lossless)",
+    )
     p.add_argument(
         "--inference-precision",
+        default=EXACT_TARGET.inference_precision,
         choices=["f32", "bf16", "f16"],
-        help="inference precision hint (default: the device's own)",
+        help="target inference precision (default f32: exact)",
     )
-    p.add_argument("--cache-mb", type=float, default=512, help="KV cache size per model in MB")
+    p.add_argument("--draft-kv-cache-precision", default=FAST_DRAFT.kv_cache_precision, choices=precisions)
+    p.add_argument(
+        "--draft-inference-precision",
+        choices=["f32", "bf16", "f16"],
+        help="draft inference precision (default: the device's own)",
+    )
+    p.add_argument("--cache-mb", type=float, default=EXACT_TARGET.cache_mb, help="target KV cache size in MB")
+    p.add_argument("--draft-cache-mb", type=float, default=FAST_DRAFT.cache_mb, help="draft KV cache size in MB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
 
 
 def runtime_options(args: argparse.Namespace):
-    from ovbuild.runtime.pipeline import RuntimeOptions
+    from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions
 
-    return RuntimeOptions(
-        args.device, args.kv_cache_precision, args.inference_precision, args.cache_mb, args.max_num_batched_tokens
-    )
+    target = ModelOptions(args.kv_cache_precision, args.inference_precision, args.cache_mb)
+    draft = ModelOptions(args.draft_kv_cache_precision, args.draft_inference_precision, args.draft_cache_mb)
+    return RuntimeOptions(args.device, target, draft, args.max_num_batched_tokens)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:

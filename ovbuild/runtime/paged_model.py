@@ -9,7 +9,7 @@ from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 
-KV_PRECISIONS = ("u8", "f16", "f32")
+KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
 
 
 def compile_config(kv_cache_precision: str = "u8", inference_precision: str | None = None) -> dict[str, str]:

@@ -20,13 +20,31 @@ from ovbuild.runtime.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
+class ModelOptions:
+    """How one model runs: KV cache precision, inference precision hint (None = the device default), cache size."""
+
+    kv_cache_precision: str
+    inference_precision: str | None
+    cache_mb: float
+
+
+# Exactness decides the target's defaults. Speculative decoding verifies k+1 rows where the target alone runs one
+# and writes rows it later rolls back; greedy output equals the target alone only if neither changes the committed
+# numbers. f32 math keeps row-count effects below ties, and an f16 cache stores each token on its own, whereas u8
+# keys are quantized per channel across a cache block, so a rolled-back row shifts its neighbours' scales
+# (measured on the tiny pair: 16/16 requests identical with f16 + f32, 9/16 with the u8 + bf16 device defaults).
+# The draft only affects acceptance, never output, so it runs as fast as the device allows.
+EXACT_TARGET = ModelOptions(kv_cache_precision="f16", inference_precision="f32", cache_mb=512)
+FAST_DRAFT = ModelOptions(kv_cache_precision="u8", inference_precision=None, cache_mb=256)
+
+
+@dataclass(frozen=True)
 class RuntimeOptions:
-    """Where and how models run."""
+    """Where and how the target and the draft run."""
 
     device: str = "CPU"
-    kv_cache_precision: str = "u8"
-    inference_precision: str | None = None  # None = the device's default (bf16 on CPUs with bf16 units)
-    cache_mb: float = 512
+    target: ModelOptions = EXACT_TARGET
+    draft: ModelOptions = FAST_DRAFT
     max_num_batched_tokens: int = 2048
 
 
@@ -40,7 +58,8 @@ class Pipeline:
         o = self.options
         target_dir = Path(target_dir)
         model = read_ir(target_dir)
-        self.target = PagedModel(model, o.device, o.kv_cache_precision, o.inference_precision, cache_mb=o.cache_mb)
+        t = o.target
+        self.target = PagedModel(model, o.device, t.kv_cache_precision, t.inference_precision, cache_mb=t.cache_mb)
         self.tokenizer = load_tokenizer(target_dir)
         self.eos_token_ids = eos_token_ids(target_dir)
         self.drafter = load_drafter(draft_dir, o) if draft_dir is not None else None
@@ -95,9 +114,9 @@ def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
     return DRAFTERS[family].from_folder(
         folder,
         device=options.device,
-        kv_cache_precision=options.kv_cache_precision,
-        inference_precision=options.inference_precision,
-        cache_mb=options.cache_mb,
+        kv_cache_precision=options.draft.kv_cache_precision,
+        inference_precision=options.draft.inference_precision,
+        cache_mb=options.draft.cache_mb,
     )
 
 
