@@ -45,7 +45,9 @@ def parse(r: ConfigReader) -> DFlash2Config:
     nested = r.section("dflash_config")
 
     def key(name: str) -> ConfigReader:
-        return merged_key(r, nested, name)
+        reader = merged_key(r, nested, name)
+        # A key found nowhere is reported where the published checkpoints put it: in dflash_config.
+        return nested if nested is not None and not reader.has(name) else reader
 
     hidden, vocab = fields["hidden_size"], fields["vocab_size"]
     group_reader, top_k_reader = key("conv_group_size"), key("selector_top_k")
