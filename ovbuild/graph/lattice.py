@@ -54,7 +54,7 @@ def packed_topk_lattice(
         unary = named(ops.select(is_first, ops.add(unary, bias), unary), "lattice/first_row_bias")
     top = ops.topk(unary, i64(top_k), -1, "max", "value", index_element_type="i64", stable=True, name="lattice/topk")
     scores, ids = top.output(0), top.output(1)  # [R, K] each
-    anchors = ops.unsqueeze(ops.gather(prev_token_ids, sequence, i64(0)), i64(1))  # [R, 1]
+    anchors = named(ops.unsqueeze(ops.gather(prev_token_ids, sequence, i64(0)), i64(1)), "lattice/anchors")  # [R, 1]
     previous = shift_rows(ids, 1, "lattice/previous_ids")  # [R, K]: candidates of row r - 1
     predecessors = named(ops.select(is_first, anchors, previous), "lattice/pred_ids")  # [R, K]
     pred_vectors, cand_vectors = transition(predecessors, ids)  # [R, K, r] each
