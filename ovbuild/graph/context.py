@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import openvino.opset16 as ops
 
@@ -23,6 +23,9 @@ class BuildContext:
     policy: WeightPolicy
     attention: AttentionBackend  # PagedInputs for paged IRs; the stateful SDPA form plugs in its own
     rope: RotaryTables
+    # Model inputs by name that building blocks may read besides their tensor argument: the packed-row layout
+    # (`token_type_ids`, `subsequence_begins`) for blocks that must keep each row inside its own block.
+    inputs: dict[str, Output] = field(default_factory=dict)
 
     def linear(self, x: Output, name: str, out_features: int, in_features: int) -> Output:
         """x [T, in] @ W^T -> [T, out], W read as stored, named after the tensor (`layers.3/self_attn/q_proj`)."""

@@ -42,6 +42,9 @@ def build_dflash_draft(
     ctx = BuildContext(
         cfg, draft, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
     )
+    ctx.inputs.update(
+        token_type_ids=token_type_ids.output(0), subsequence_begins=paged.sequence["subsequence_begins"].output(0)
+    )
 
     fc = ctx.linear(hidden_states.output(0), "fc", cfg.hidden_size, cfg.num_taps * cfg.target_hidden_size)
     context = norm(ctx, fc, "hidden_norm")  # [T, H]

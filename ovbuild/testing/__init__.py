@@ -7,5 +7,14 @@ from ovbuild.testing.tiny import (
     write_tiny_dflash,
     write_tiny_target,
 )
+from ovbuild.testing.tiny_dflash2 import TINY_DFLASH2, write_tiny_dflash2
 
-__all__ = ["TINY_DRAFT", "TINY_TARGET", "nmse", "write_tiny_dflash", "write_tiny_target"]
+__all__ = [
+    "TINY_DFLASH2",
+    "TINY_DRAFT",
+    "TINY_TARGET",
+    "nmse",
+    "write_tiny_dflash",
+    "write_tiny_dflash2",
+    "write_tiny_target",
+]

@@ -48,16 +48,7 @@ class DFlashReference:
         positions = cache.length + np.arange(n_ctx + n_blk)
         x = self.embed[np.asarray(block_ids, dtype=np.int64)] * cfg.input_embedding_scale  # [Q, H]
         for i, w in enumerate(self.layers):
-            u = rms_norm(x, w.input_layernorm, cfg.rms_norm_eps)
-            # keys/values: the context feature on context rows, the normalized block state on block rows
-            k, v = self._kv(w, np.concatenate([c, u]), positions)  # [S + Q, KV, D]
-            keys, values = np.concatenate([cache.keys[i], k]), np.concatenate([cache.values[i], v])
-            cache.keys[i], cache.values[i] = keys[: len(keys) - n_blk], values[: len(values) - n_blk]
-            if n_blk:
-                x = x + self._attention(i, w, u, positions[n_ctx:], keys, values)
-                x = x + swiglu_mlp(
-                    rms_norm(x, w.post_attention_layernorm, cfg.rms_norm_eps), w.gate_proj, w.up_proj, w.down_proj
-                )
+            x = self._layer(i, w, x, c, positions, cache)
         h = rms_norm(x, self.norm, cfg.rms_norm_eps)[cfg.candidate_offset :]
         return self.logits(h), h
 
@@ -71,6 +62,32 @@ class DFlashReference:
         logits = linear(h, self.lm_head) * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
         return cap * np.tanh(logits / cap) if cap else logits
+
+    def _layer(
+        self, i: int, w: LayerWeights, x: np.ndarray, c: np.ndarray, positions: np.ndarray, cache: KVCache
+    ) -> np.ndarray:
+        """One decoder layer on the block rows x [Q, H]; families that wrap the Qwen3 layer override this."""
+        eps = self.cfg.rms_norm_eps
+        x = x + self._attend(i, w, rms_norm(x, w.input_layernorm, eps), c, positions, cache)
+        return x + self._mlp(w, rms_norm(x, w.post_attention_layernorm, eps))
+
+    def _attend(
+        self, i: int, w: LayerWeights, u: np.ndarray, c: np.ndarray, positions: np.ndarray, cache: KVCache
+    ) -> np.ndarray:
+        """Commit the context rows' keys/values to layer i's cache; attention output of the block rows u [Q, H].
+
+        keys/values: the context feature c [S, H] on context rows, u (the block's attention input) on block rows.
+        """
+        n_ctx, n_blk = len(c), len(u)
+        k, v = self._kv(w, np.concatenate([c, u]), positions)  # [S + Q, KV, D]
+        keys, values = np.concatenate([cache.keys[i], k]), np.concatenate([cache.values[i], v])
+        cache.keys[i], cache.values[i] = keys[: len(keys) - n_blk], values[: len(values) - n_blk]
+        if not n_blk:
+            return np.zeros_like(u)
+        return self._attention(i, w, u, positions[n_ctx:], keys, values)
+
+    def _mlp(self, w: LayerWeights, x: np.ndarray) -> np.ndarray:
+        return swiglu_mlp(x, w.gate_proj, w.up_proj, w.down_proj)
 
     def _kv(self, w: LayerWeights, x: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.cfg
