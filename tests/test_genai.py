@@ -11,13 +11,16 @@ import json
 import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
+import openvino_genai as genai
 import pytest
 from openvino._offline_transformations import paged_attention_transformation
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.genai.package import write_genai_draft, write_genai_target
 from ovbuild.graph.genai.target import LOCATORS_KEY, build_genai_target
+from ovbuild.graph.genai.tokenizer import SpecialTokens, convert_tokenizer
 from ovbuild.graph.ir import MODEL_FILE, core
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
@@ -209,6 +212,62 @@ def test_tokenizer_irs_match_tokenizers(folders):
         assert decoded == reference.decode(ids), text
 
 
+# Qwen2/Qwen3's tokenizer.json split pattern (case-insensitive contractions, a negative lookahead).
+QWEN_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def qwen_style_tokenizer() -> Tokenizer:
+    """A byte-level BPE laid out like Qwen3's (NFC, Split regex + ByteLevel, merges), trained offline on a few lines."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "The quick brown fox jumps over the lazy dog. It's 2026; numbers 12345 and café, naïve, Straße!",
+        "def f(x):\n    return x ** 2\n\n",
+        "Привет мир, 你好世界 🙂",
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus * 3, trainer)
+    return tok
+
+
+def test_qwen_style_tokenizer_converts_without_transformers(tmp_path):
+    reference = qwen_style_tokenizer()
+    reference.save(str(tmp_path / "tokenizer.json"))
+    models_ = convert_tokenizer(tmp_path / "tokenizer.json", SpecialTokens(eos_token_id=0, pad_token_id=0))
+    encode, decode = (core().compile_model(m, "CPU") for m in models_)
+    texts = [
+        "The lazy fox's café costs 12345 €.",
+        "  def g(y):\n\treturn y\n\n\nend  ",
+        "Привет, 你好 🙂 Straße<|endoftext|>x",
+        "e\u0301 is NFC-composed",
+    ]
+    for text in texts:
+        ids = encode([text])["input_ids"][0].tolist()
+        assert ids == reference.encode(text).ids, text
+        assert decode(np.array([ids], np.int64))[0][0] == reference.decode(ids), text
+
+
+def test_unsupported_tokenizer_is_refused(tmp_path):
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(UnsupportedError, match=r"model\.type 'WordLevel'"):
+        convert_tokenizer(tmp_path / "tokenizer.json", SpecialTokens(eos_token_id=0, pad_token_id=0))
+
+
 def reference_greedy(cfg_weights, prompt: list[int], n: int) -> list[int]:
     ref = Qwen3Reference(*cfg_weights)
     cache, tokens = ref.new_cache(), []
@@ -220,7 +279,6 @@ def reference_greedy(cfg_weights, prompt: list[int], n: int) -> list[int]:
 
 
 def test_genai_dflash_matches_target_alone_and_reference(folders, target):
-    genai = pytest.importorskip("openvino_genai")  # in the test extra; a missing install must not pass silently
     target_dir, draft_dir = folders
     # f32 inference and an f32 KV cache in both pipelines: GenAI's CPU defaults (bf16 compute, u8 cache) would let
     # greedy tokens drift from the float64 reference through rounding alone.

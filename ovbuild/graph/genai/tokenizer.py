@@ -59,7 +59,10 @@ def convert_tokenizer(tokenizer_json: Path, special: SpecialTokens) -> tuple[ov.
     pre_tokenizers = _listed(spec.get("pre_tokenizer"), "pretokenizers")
     if not any(p.get("type") == "ByteLevel" for p in pre_tokenizers):
         raise UnsupportedError(f"{where}: no ByteLevel pre_tokenizer (only byte-level BPE is converted)")
-    for step in pre_tokenizers:
+    for i, step in enumerate(pre_tokenizers):
+        if i and step.get("add_prefix_space"):
+            # tokenizers then prefixes every piece the previous pre-tokenizers split off, not just the text.
+            raise UnsupportedError(f"{where}: ByteLevel add_prefix_space after another pre_tokenizer is not converted")
         pipeline.add_steps(_pre_tokenizer(tp, step, where))
     pipeline.add_steps(tp.BPETokenizationStep.from_hf_json(spec))
     pipeline.vocab = pipeline[-1].vocab
