@@ -81,7 +81,7 @@ def test_target_matches_reference_over_prefill_and_decode(folders, target):
     rng = np.random.default_rng(3)
     chunks = [rng.integers(0, 256, 9).tolist(), [11], [12], rng.integers(0, 256, 4).tolist(), [13], [14]]
     ir = run_target(request, chunks)
-    ref, cache = Qwen3Reference(cfg, weights), None
+    ref = Qwen3Reference(cfg, weights)
     cache = ref.new_cache()
     expected = [ref.forward(cache, np.array(ids), TAPS) for ids in chunks]
     logits = nmse(np.concatenate([o["logits"] for o in ir]), np.concatenate([e[0] for e in expected]))

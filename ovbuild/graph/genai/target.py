@@ -19,7 +19,7 @@ from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import set_rt_info
+from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
@@ -63,9 +63,8 @@ def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightP
     set_rt_info(
         model,
         {
+            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
             LOCATORS_KEY: hidden_state_locators(locators),
-            "ovbuild/kind": "target",
-            "ovbuild/family": "qwen3",
             "ovbuild/form": "genai",
             "ovbuild/vocab_size": cfg.vocab_size,
             "ovbuild/hidden_size": cfg.hidden_size,
