@@ -148,7 +148,9 @@ def test_sliding_window_draft_matches_reference(tmp_path, target):
     request = core().compile_model(build_genai_draft(*d), "CPU", F32).create_infer_request()
     embed = target[1].get("embed_tokens").to_f32()
     ir, expected = run_draft(request, DFlashReference(d[0], d[1], target[1]), embed, DRAFT_STEPS, seed=1)
-    assert nmse(ir, expected) < 1e-6, f"windowed draft NMSE {nmse(ir, expected):.2e}"
+    err = nmse(ir, expected)
+    print(f"genai draft with a window of 4: last_hidden_state NMSE {err:.2e}")
+    assert err < 1e-6, f"windowed draft NMSE {err:.2e}"
 
 
 def test_sliding_window_target_is_refused(tmp_path):

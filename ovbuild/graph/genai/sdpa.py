@@ -129,9 +129,8 @@ class StatefulSDPA:
             visible = ops.logical_and(visible, inside)
         present = ops.unsqueeze(ops.not_equal(self.attention_mask, i64(0)), i64([1, 2]))  # [B, 1, 1, L]
         visible = ops.logical_and(present, visible)  # [B, 1, S, L]
-        name = f"attention_mask/{'block' if token_type_ids is not None else 'causal'}" + (
-            f"_w{window}" if window else ""
-        )
+        kind = "block" if token_type_ids is not None else "causal"
+        name = f"attention_mask/{kind}_w{window}" if window else f"attention_mask/{kind}"
         mask = named(ops.select(visible, const(0.0), const(-np.inf)), name)
         self._masks[key] = mask
         return mask
