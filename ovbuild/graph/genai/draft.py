@@ -1,0 +1,89 @@
+"""DFlash v1 draft in GenAI's stateful form: no embedding, no lm_head; GenAI grafts the target's onto it.
+
+One call = the new context rows (target taps GenAI has not sent before) then the block [seed, mask x N] as
+embeddings. Rows are packed [context; block] and run through the shared layers with token_type_ids 0 / 1, as in the
+paged draft; the context rows' keys/values are stored in the state, the block's are attended to and dropped.
+
+    hidden_states [1, C, n * Ht] ─ fc ─ hidden_norm ─ context [C, H] ──┬──────── keys/values of context rows
+    inputs_embeds [1, Q, H] ─ rows ─ concat [C + Q, H] ─ layers ─ block rows after the seed ─ norm ─ last_hidden_state
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.errors import UnsupportedError
+from ovbuild.graph.context import BuildContext
+from ovbuild.graph.decoder import decoder_layer, norm
+from ovbuild.graph.dflash import draft_rt_info
+from ovbuild.graph.genai.sdpa import StatefulSDPA
+from ovbuild.graph.ops import Output, const, i64, named, parameter, result
+from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.rt_info import set_rt_info
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.draft_config import DraftConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+END = np.iinfo(np.int64).max
+
+
+def build_genai_draft(cfg: DraftConfig, weights: WeightSource, policy: WeightPolicy | None = None) -> ov.Model:
+    """The stateful DFlash v1 draft IR GenAI's DFlash pipeline drives (batch 1, one request)."""
+    check_genai_draft(cfg)
+    h, width = cfg.hidden_size, cfg.num_taps * cfg.target_hidden_size
+    inputs_embeds = parameter("inputs_embeds", [-1, -1, h], ov.Type.f32)
+    hidden_states = parameter("hidden_states", [-1, -1, width], ov.Type.f32)
+    position_ids = parameter("position_ids", [-1, -1], ov.Type.i64)
+    attention_mask = parameter("attention_mask", [-1, -1], ov.Type.i64)
+
+    taps = ops.reshape(hidden_states, i64([-1, width]), False).output(0)  # [C, n * Ht]
+    block = ops.reshape(inputs_embeds, i64([-1, h]), False).output(0)  # [Q, H]
+    n_ctx = named(ops.gather(ops.shape_of(taps), i64([0]), i64(0)), "context_rows")  # [1]
+    n_block = ops.gather(ops.shape_of(block), i64([0]), i64(0))  # [1]
+    batch_seq = ops.concat([i64([1]), ops.add(n_ctx, n_block)], 0).output(0)  # [2]: 1, C + Q
+    attention = StatefulSDPA(batch_seq, attention_mask.output(0), committed_rows=n_ctx)
+    positions = ops.reshape(position_ids, i64([-1]), False).output(0)  # [C + Q]
+    ctx = BuildContext(
+        cfg, weights, policy or WeightPolicy(), attention, rotary_tables(positions, cfg.rope, cfg.head_dim)
+    )
+
+    context = norm(ctx, ctx.linear(taps, "fc", h, width), "hidden_norm")  # [C, H]
+    token_type_ids = named(
+        ops.concat([ops.broadcast(const(0, np.int32), n_ctx), ops.broadcast(const(1, np.int32), n_block)], 0),
+        "token_type_ids",
+    )  # [C + Q]: 0 context, 1 block
+
+    def kv_input(u: Output) -> Output:
+        block_rows = ops.slice(u, n_ctx, i64([END]), i64([1]), i64([0]))  # [Q, H]
+        return named(ops.concat([context, block_rows], 0), f"{u.get_node().get_friendly_name()}/kv_input")
+
+    # Context rows carry the context feature as a placeholder state: their queries are computed and dropped.
+    x = named(ops.concat([context, block], 0), "rows")  # [C + Q, H]
+    for i in range(cfg.num_layers):
+        x = decoder_layer(ctx, i, x, kv_input, None if cfg.layer_causal[i] else token_type_ids)
+    candidates = ops.slice(x, ops.add(n_ctx, i64([1])), i64([END]), i64([1]), i64([0]))  # [Q - 1, H]: seed dropped
+    out = ops.unsqueeze(norm(ctx, candidates, "norm"), i64([0]))  # [1, Q - 1, H]
+    params = [inputs_embeds, hidden_states, position_ids, attention_mask]
+    model = ov.Model([result(out, "last_hidden_state")], attention.sinks, params, f"ovbuild_{cfg.family}_draft_genai")
+    set_rt_info(model, {**draft_rt_info(cfg), "dflash_mode": "True", "ovbuild/form": "genai"})
+    return model
+
+
+def check_genai_draft(cfg: DraftConfig) -> None:
+    """GenAI's DFlash pipeline grafts the bare target embedding and lm_head: nothing may sit between them and us."""
+    if cfg.family != "dflash":
+        raise UnsupportedError(f"the GenAI form exists for DFlash v1 drafts only, not '{cfg.family}'")
+    if cfg.candidate_offset != 1:
+        raise UnsupportedError(
+            f"GenAI reads candidates from block row 1 on; this draft starts at {cfg.candidate_offset}"
+        )
+    transforms = {
+        "input_embedding_scale": cfg.input_embedding_scale != 1.0,
+        "output_multiplier": cfg.output_multiplier != 1.0,
+        "final_logit_softcapping": bool(cfg.final_logit_softcapping),
+    }
+    if any(transforms.values()):
+        names = ", ".join(k for k, on in transforms.items() if on)
+        raise UnsupportedError(f"{names}: GenAI grafts the plain target embedding / lm_head, which would skip them")

@@ -1,0 +1,93 @@
+"""Qwen3 target in GenAI's stateful form: input_ids, attention_mask, position_ids, beam_idx in; logits out.
+
+GenAI converts it to PagedAttention when it loads it, then exposes the hidden states of the layers a DFlash draft
+taps, found through the `hidden_states_decoder_layers` rt_info: one [B, S, H] node per layer, by friendly name.
+
+    input_ids [B, S] ─ rows [T] ─ embed ─ layer 0 ─ [B, S, H] tap ─ rows ─ ... ─ norm ─ [B, S, H] tap ─ lm_head ─ logits
+"""
+
+from __future__ import annotations
+
+import json
+
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.errors import UnsupportedError
+from ovbuild.graph.context import BuildContext
+from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
+from ovbuild.graph.genai.sdpa import StatefulSDPA
+from ovbuild.graph.ops import Output, i64, named, parameter, result
+from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.rt_info import common_rt_info, set_rt_info
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.target import TargetConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+LOCATORS_KEY = "hidden_states_decoder_layers"
+
+
+def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightPolicy | None = None) -> ov.Model:
+    """The stateful SDPA target IR, with a hidden-state locator for every layer (GenAI ignores those not tapped)."""
+    check_genai_target(cfg)
+    input_ids = parameter("input_ids", [-1, -1], ov.Type.i64)
+    attention_mask = parameter("attention_mask", [-1, -1], ov.Type.i64)
+    position_ids = parameter("position_ids", [-1, -1], ov.Type.i64)
+    beam_idx = parameter("beam_idx", [-1], ov.Type.i32)
+    batch_seq = named(ops.shape_of(input_ids), "batch_seq")  # [2]: B, S
+    attention = StatefulSDPA(batch_seq, attention_mask.output(0), beam_idx=beam_idx.output(0))
+    positions = ops.reshape(position_ids, i64([-1]), False).output(0)  # [T]
+    ctx = BuildContext(
+        cfg, weights, policy or WeightPolicy(), attention, rotary_tables(positions, cfg.rope, cfg.head_dim)
+    )
+
+    per_sequence = ops.concat([batch_seq, i64([cfg.hidden_size])], 0)  # B, S, H
+    x = embedding(ctx, weights, ops.reshape(input_ids, i64([-1]), False).output(0))  # [T, H]
+    locators = {}
+    for i in range(cfg.num_layers - 1):
+        tap = _per_sequence(decoder_layer(ctx, i, x), per_sequence, f"layers.{i}/hidden_state")  # [B, S, H]
+        locators[i] = tap.get_node().get_friendly_name()
+        x = ops.reshape(tap, i64([-1, cfg.hidden_size]), False).output(0)  # [T, H]
+    last = cfg.num_layers - 1
+    x = decoder_layer(ctx, last, x)
+    # transformers reports the last layer's output after the final norm; so do the reference and GenAI's exporter.
+    h = _per_sequence(norm(ctx, x, "norm"), per_sequence, "norm/hidden_state")  # [B, S, H]
+    locators[last] = h.get_node().get_friendly_name()
+    logits = lm_head(ctx, weights, h)  # [B, S, V], the MatMul itself feeds the Result (GenAI grafts its weight)
+    model = ov.Model(
+        [result(logits, "logits")],
+        attention.sinks,
+        [input_ids, attention_mask, position_ids, beam_idx],
+        "ovbuild_qwen3_target_genai",
+    )
+    set_rt_info(
+        model,
+        {
+            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
+            LOCATORS_KEY: hidden_state_locators(locators),
+            "ovbuild/form": "genai",
+            "ovbuild/vocab_size": cfg.vocab_size,
+            "ovbuild/hidden_size": cfg.hidden_size,
+        },
+    )
+    return model
+
+
+def check_genai_target(cfg: TargetConfig) -> None:
+    """GenAI carries a sliding window through its PagedAttention conversion only for Phi-3 / gpt-oss mask patterns."""
+    windowed = [i for i, w in enumerate(cfg.sliding_windows) if w]
+    if windowed:
+        raise UnsupportedError(
+            f"target layers {windowed} use a sliding window: OpenVINO GenAI 2026.4's SDPA->PagedAttention conversion "
+            "would drop it (it reads windows only from Phi-3 and gpt-oss mask patterns); export the paged form instead"
+        )
+
+
+def hidden_state_locators(producers: dict[int, str]) -> str:
+    """The `hidden_states_decoder_layers` JSON: layer id -> producing node (friendly name) and output index."""
+    layers = {str(i): {"producer": name, "output_index": 0} for i, name in sorted(producers.items())}
+    return json.dumps({"layers": layers}, separators=(",", ":"))
+
+
+def _per_sequence(rows: Output, shape: Output, path: str) -> Output:
+    return named(ops.reshape(rows, shape, False), path)  # [T, H] -> [B, S, H]
