@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import openvino as ov
@@ -15,9 +16,11 @@ _core: ov.Core | None = None
 
 
 def core() -> ov.Core:
-    """The process-wide Core, with the CPU plugin loaded (reading PagedAttention IR needs its extension opset)."""
+    """The process-wide Core: CPU plugin loaded (PagedAttention IR needs it), tokenizer ops when installed."""
     global _core
     if _core is None:
+        with contextlib.suppress(ImportError):  # importing it registers tokenizer ops with Cores created afterwards
+            import openvino_tokenizers  # noqa: F401
         _core = ov.Core()
         _core.get_property("CPU", "FULL_DEVICE_NAME")
     return _core
