@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
+from ovbuild.runtime.drafters.lattice import LatticeDrafter
 
-DRAFTERS: dict[str, type[Drafter]] = {"dflash": BlockDrafter}
+DRAFTERS: dict[str, type[Drafter]] = {"dflash": BlockDrafter, "dflash2": LatticeDrafter}
 
-__all__ = ["DRAFTERS", "BlockDrafter", "DraftItem", "Drafter"]
+__all__ = ["DRAFTERS", "BlockDrafter", "DraftItem", "Drafter", "LatticeDrafter"]
