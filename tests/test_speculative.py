@@ -25,10 +25,12 @@ def models(target, draft):
     return build_target(tcfg, tweights, dcfg.target_layer_ids), build_dflash_draft(dcfg, dweights, tweights)
 
 
-def make_scheduler(models, with_draft: bool, num_blocks: int = 64, max_num_batched_tokens: int = 64):
+def make_scheduler(
+    models, with_draft: bool, num_blocks: int = 64, max_num_batched_tokens: int = 64, draft_blocks: int = 64
+):
     target_model, draft_model = models
     target = PagedModel(target_model, num_blocks=num_blocks, **F32)
-    drafter = BlockDrafter(draft_model, **F32) if with_draft else None
+    drafter = BlockDrafter(draft_model, num_blocks=draft_blocks, **F32) if with_draft else None
     return Scheduler(target, drafter, max_num_batched_tokens=max_num_batched_tokens, trace=True)
 
 
@@ -91,7 +93,7 @@ def test_random_schedules_are_lossless_and_return_every_block(models):
         num_blocks = int(rng.integers(3, 9))  # small: some requests must wait for others to finish
         budget = int(rng.integers(8, 80))
         alone_scheduler = make_scheduler(models, False, num_blocks, budget)
-        spec_scheduler = make_scheduler(models, True, num_blocks, budget)
+        spec_scheduler = make_scheduler(models, True, num_blocks, budget, draft_blocks=int(rng.integers(3, 9)))
         assert run(spec_scheduler, arrivals) == run(alone_scheduler, arrivals), f"trial {trial}"
         for scheduler in (alone_scheduler, spec_scheduler):
             allocator = scheduler.target.cache.allocator
@@ -105,6 +107,9 @@ def test_request_larger_than_the_whole_cache_fails_cleanly(models):
     with pytest.raises(CacheExhaustedError, match="needs 4 target cache blocks; the cache has 2"):
         scheduler.add_request(list(range(50)), GenerationConfig(max_new_tokens=40))
     assert not scheduler.has_unfinished()
+    small_draft = make_scheduler(models, with_draft=True, num_blocks=64, draft_blocks=1)
+    with pytest.raises(CacheExhaustedError, match="does not fit the draft cache"):
+        small_draft.add_request(list(range(30)), GenerationConfig(max_new_tokens=10))
 
 
 def test_too_many_assistant_tokens_is_refused(models):

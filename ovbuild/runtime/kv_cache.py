@@ -36,6 +36,10 @@ class BlockAllocator:
         have = len(self.tables.get(seq_id, ()))
         return max(0, -(-length // self.block_size) - have)
 
+    def fits(self, length: int) -> bool:
+        """Whether a sequence of `length` tokens fits at all, with every block free."""
+        return -(-length // self.block_size) <= self.num_blocks
+
     def can_hold(self, seq_id: int, length: int) -> bool:
         return self.blocks_needed(seq_id, length) <= self.free_blocks
 

@@ -86,8 +86,14 @@ class Scheduler:
         if len(request.prompt) == 0:
             raise UnsupportedError("empty prompt: at least one token is needed")
         allocator = self.target.cache.allocator
-        need = -(-self._target_budget(request) // allocator.block_size)
-        if need > allocator.num_blocks:
+        if self.drafter is not None and not self.drafter.fits(request.total_len):
+            raise CacheExhaustedError(
+                f"a request of {len(request.prompt)} prompt tokens and max_new_tokens="
+                f"{request.config.max_new_tokens} does not fit the draft cache even when it is "
+                "empty (raise the draft cache size)"
+            )
+        if not allocator.fits(self._target_budget(request)):
+            need = -(-self._target_budget(request) // allocator.block_size)
             raise CacheExhaustedError(
                 f"a request of {len(request.prompt)} prompt tokens and max_new_tokens="
                 f"{request.config.max_new_tokens} needs {need} target cache blocks; the cache "
@@ -108,6 +114,8 @@ class Scheduler:
             if self.drafter is not None and not self.drafter.can_hold(request.id, request.total_len):
                 break
             allocator.reserve(request.id, self._target_budget(request))
+            if self.drafter is not None:
+                self.drafter.reserve(request.id, request.total_len)
             request.status = Status.PREFILL
             self.running.append(self.waiting.pop(0))
 

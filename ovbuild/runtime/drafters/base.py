@@ -39,5 +39,13 @@ class Drafter(ABC):
         """Whether the draft cache can take a sequence of `length` tokens (plus one block)."""
 
     @abstractmethod
+    def fits(self, length: int) -> bool:
+        """Whether a sequence of `length` tokens fits the draft cache at all (when every block is free)."""
+
+    @abstractmethod
+    def reserve(self, seq_id: int, length: int) -> None:
+        """Reserve cache blocks for a sequence of `length` tokens (plus one block) up front."""
+
+    @abstractmethod
     def free(self, seq_id: int) -> None:
         """Release the sequence's cache blocks and state."""

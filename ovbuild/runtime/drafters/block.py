@@ -28,6 +28,7 @@ class BlockDrafter(Drafter):
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
         cache_mb: float = 256,
+        num_blocks: int | None = None,
     ):
         self.block_size = int(get_rt_info(model, "dflash/block_size"))
         self.mask_token_id = int(get_rt_info(model, "dflash/mask_token_id"))
@@ -35,7 +36,7 @@ class BlockDrafter(Drafter):
         self.target_layer_ids = tuple(int(t) for t in get_rt_info(model, "dflash/target_layer_ids").split(","))
         self.max_candidates = self.block_size - self.candidate_offset
         self.width = model.input("hidden_states").get_partial_shape()[1].get_length()
-        self.model = PagedModel(model, device, kv_cache_precision, inference_precision, cache_mb=cache_mb)
+        self.model = PagedModel(model, device, kv_cache_precision, inference_precision, num_blocks, cache_mb)
         self.committed: dict[int, int] = {}
         self.infer_s = 0.0
 
@@ -46,6 +47,12 @@ class BlockDrafter(Drafter):
 
     def can_hold(self, seq_id: int, length: int) -> bool:
         return self.model.cache.allocator.can_hold(seq_id, length + self.block_size)
+
+    def fits(self, length: int) -> bool:
+        return self.model.cache.allocator.fits(length + self.block_size)
+
+    def reserve(self, seq_id: int, length: int) -> None:
+        self.model.cache.allocator.reserve(seq_id, length + self.block_size)
 
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)
