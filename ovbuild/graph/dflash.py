@@ -61,7 +61,7 @@ def build_dflash_draft(
     logits = logit_transforms(cfg, lm_head(ctx, owner(draft, target, "lm_head"), h))
     params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]
     model = ov.Model([result(logits, "logits"), result(h, "last_hidden_state")], params, f"ovbuild_{cfg.family}_draft")
-    set_rt_info(model, draft_rt_info(cfg))
+    set_rt_info(model, {**draft_rt_info(cfg), **ctx.policy.rt_info()})  # plus how the weights are stored
     return model
 
 
