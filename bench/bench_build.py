@@ -1,9 +1,10 @@
 """Build-and-save benchmark of a draft shaped like z-lab/Qwen3-4B-DFlash-b16, per weight format.
 
 Writes random bf16 checkpoints to a temporary folder (the draft: hidden 2560, 5 layers, 32/8 heads of 128,
-intermediate 9728, 5 taps of a 36-layer target; and the target's embedding and lm_head, vocab 151936, which the
-draft IR holds), then builds and saves the draft IR once per weight format, each in a fresh process so that its
-peak RSS (VmHWM) is its own. Peak RSS counts the checkpoint pages mapped from the page cache.
+intermediate 9728, 5 taps of a 36-layer target; and the target's embedding table, vocab 151936, which the draft IR
+holds as its embedding and, tied as in Qwen3-4B, as its lm_head), then builds and saves the draft IR once per
+weight format, each in a fresh process so that its peak RSS (VmHWM) is its own. Peak RSS counts the checkpoint
+pages mapped from the page cache.
 
     python bench/bench_build.py [--formats keep,fp16,int8,int4] [--group-size 128] [--workdir DIR]
 """
@@ -45,6 +46,7 @@ TARGET = {
     "rope_theta": 1000000.0,
     "max_position_embeddings": 40960,
     "layer_types": ["full_attention"] * 36,
+    "tie_word_embeddings": True,  # as Qwen3-4B: the embedding table is also the lm_head
     "eos_token_id": 151645,
     "bos_token_id": 151643,
     "torch_dtype": "bfloat16",
@@ -86,7 +88,7 @@ def write_part(folder: Path, part: str, shapes: dict[str, tuple[int, ...]], rng:
 
 
 def write_checkpoints(root: Path) -> tuple[Path, Path]:
-    """The random draft and the target's embedding / lm_head, one file per layer or table."""
+    """The random draft and the target's (tied) embedding table, one file per layer or table."""
     rng = np.random.default_rng(0)
     draft, target = root / "draft", root / "target"
     for folder, config in ((draft, DRAFT), (target, TARGET)):
@@ -103,7 +105,6 @@ def write_checkpoints(root: Path) -> tuple[Path, Path]:
         write_part(draft, f"layer-{i}", {f"layers.{i}.{n}.weight": s for n, s in layer_shapes(DRAFT).items()}, rng)
     table = (TARGET["vocab_size"], TARGET["hidden_size"])
     write_part(target, "embed", {"model.embed_tokens.weight": table}, rng)
-    write_part(target, "lm_head", {"lm_head.weight": table}, rng)
     return draft, target
 
 
