@@ -162,6 +162,8 @@ def test_policy_follows_optimum_intel_per_role():
     assert WeightPolicy("fp16").uncompressed() == WeightPolicy("fp16")
     with pytest.raises(UnsupportedError, match="int2"):
         WeightPolicy("int2")
+    with pytest.raises(ConfigError, match="group_size 0"):
+        WeightPolicy("int4", group_size=0)
     with pytest.raises(UnsupportedError, match="'conv'"):
         WeightPolicy("int8").scheme("conv")
 

@@ -13,7 +13,7 @@ from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ops import Output, named
 from ovbuild.graph.quantize.decompression import compressed_constant
 from ovbuild.graph.quantize.rtn import CHUNK_WEIGHTS, Scheme
-from ovbuild.weights.dtypes import f32_to_bf16, to_f32
+from ovbuild.weights.dtypes import FLOAT_DTYPES, f32_to_bf16, to_f32
 from ovbuild.weights.tensor import WeightTensor
 
 OV_TYPES = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16}
@@ -21,7 +21,7 @@ FLOAT_FORMATS = ("keep", "fp32", "fp16", "bf16")
 INT_FORMATS = ("int8", "int4")
 WEIGHT_FORMATS = FLOAT_FORMATS + INT_FORMATS
 ROLES = ("linear", "embedding", "lm_head")
-# Matrices with a side shorter than this (a [1, H] confidence head) stay float: nothing to gain, much to lose.
+# Matrices with a side shorter than this (a [1, H] confidence head) stay float: they save nothing worth the error.
 MIN_COMPRESSED_SIDE = 16
 # What optimum-intel (NNCF) gives the embedding and lm_head under int4 unless all_layers: int8 asymmetric per
 # channel, whatever `sym` says ("--sym does not affect backup precision").
@@ -88,12 +88,14 @@ class WeightPolicy:
 def stored_constant(tensor: WeightTensor, path: str, dtype: str | None = None) -> Output:
     """Constant holding the tensor in `dtype` (default: as stored), converted to f32 when narrower.
 
-    Stored as is, the Constant shares the checkpoint's memory (bf16 included: the checkpoint must then stay open
-    until the model is compiled or saved); converted, it is written row chunk by row chunk into a new buffer.
+    Stored as is, a checkpoint tensor's Constant shares the mapped file, so the checkpoint must stay open until the
+    model is compiled or saved; converted, it is written a few rows at a time into a buffer the Constant owns.
     """
     dtype = dtype or tensor.dtype
-    if tensor.dtype not in OV_TYPES or dtype not in OV_TYPES:
-        raise UnsupportedError(f"tensor '{tensor.name}' has dtype {tensor.dtype}; weights must be f32, f16 or bf16")
+    if dtype not in OV_TYPES or tensor.dtype not in FLOAT_DTYPES:
+        raise UnsupportedError(
+            f"tensor '{tensor.name}' has dtype {tensor.dtype}; weights must be float and stored as f32, f16 or bf16"
+        )
     c = shared_constant(tensor) if dtype == tensor.dtype else converted_constant(tensor, dtype)
     if dtype == "f32":
         return named(c, path)

@@ -26,8 +26,8 @@ def compressed_constant(tensor: WeightTensor, scheme: Scheme, path: str) -> Outp
     grouped = g != k
     code_shape = [n, k // g, g] if grouped else [n, k]
     group_shape = [n, k // g, 1] if grouped else [n, 1]
-    # The plugin owns these buffers (an ov.Tensor over a numpy array would not keep the array alive); the
-    # quantizer writes straight into them, so no second copy of the matrix is ever made.
+    # OpenVINO owns these buffers and the Constants keep them (an ov.Tensor over a numpy array would not keep the
+    # array alive); the quantizer writes straight into them, so no second copy of the matrix is ever made.
     codes = ov.Tensor(STORAGE_TYPES[scheme.storage], code_shape)
     scale = ov.Tensor(ov.Type.f16, group_shape)
     zero_point = None if scheme.sym else ov.Tensor(STORAGE_TYPES[f"u{scheme.bits}"], group_shape)
