@@ -65,7 +65,7 @@ def build_dflash_draft(
     params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]
     outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids"), result(h, "last_hidden_state")]
     model = ov.Model(outputs, params, f"ovbuild_{cfg.family}_draft")
-    set_rt_info(model, draft_rt_info(cfg))
+    set_rt_info(model, {**draft_rt_info(cfg), **ctx.policy.rt_info()})  # plus how the weights are stored
     return model
 
 
