@@ -27,9 +27,19 @@ class BuildContext:
     # (`token_type_ids`, `subsequence_begins`) for blocks that must keep each row inside its own block.
     inputs: dict[str, Output] = field(default_factory=dict)
 
+    # Weight nodes already built, by (checkpoint, tensor, scheme): a tied embedding and lm_head share one table.
+    _matrices: dict[tuple, Output] = field(default_factory=dict)
+
+    def matrix(self, source: WeightSource, name: str, shape: tuple[int, int], role: str = "linear") -> Output:
+        """Checkpoint matrix `name` of `source` as an f32-valued node (through the weight policy), built once."""
+        key = (id(source.checkpoint), source.checkpoint_name(name), self.policy.scheme(role))
+        if key not in self._matrices:
+            self._matrices[key] = self.policy.matrix(source.get(name, shape), path(name), role)
+        return self._matrices[key]
+
     def linear(self, x: Output, name: str, out_features: int, in_features: int) -> Output:
         """x [T, in] @ W^T -> [T, out], W read as stored, named after the tensor (`layers.3/self_attn/q_proj`)."""
-        w = self.policy.matrix(self.weights.get(name, (out_features, in_features)), path(name))
+        w = self.matrix(self.weights, name, (out_features, in_features))
         return named(ops.matmul(x, w, False, True), path(name))
 
     def vector(self, name: str, size: int) -> Output:

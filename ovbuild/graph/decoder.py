@@ -88,18 +88,18 @@ def decoder_layer(
 def embedding(ctx: BuildContext, source, ids: Output, name: str = "embed_tokens") -> Output:
     """Gather rows of the [V, H] table `name` of `source` (a WeightSource): ids [T] -> [T, H]."""
     cfg = ctx.cfg
-    table = ctx.policy.matrix(source.get(name, (cfg.vocab_size, cfg.hidden_size)), name, role="embedding")
+    table = ctx.matrix(source, name, (cfg.vocab_size, cfg.hidden_size), role="embedding")
     return named(ops.gather(table, ids, i64(0)), f"{name}/gather")
 
 
 def lm_head(ctx: BuildContext, source, h: Output, name: str = "lm_head") -> Output:
     """h [R, H] @ lm_head^T -> logits [R, V]."""
     cfg = ctx.cfg
-    w = ctx.policy.matrix(source.get(name, (cfg.vocab_size, cfg.hidden_size)), name, role="lm_head")
+    w = ctx.matrix(source, name, (cfg.vocab_size, cfg.hidden_size), role="lm_head")
     return named(ops.matmul(h, w, False, True), name)
 
 
-def greedy_ids(logits: Output, path: str = "greedy_ids") -> Output:
+def greedy_ids(logits: Output, path: str = "logits/argmax") -> Output:
     """Argmax over the vocabulary inside the graph: logits [R, V] -> [R] i64, so the host never scans logits."""
     top = ops.topk(logits, ops.constant(np.array(1, np.int64)), -1, "max", "none", ov.Type.i64)
     return named(ops.squeeze(top.output(1), i64([1])), path)

@@ -54,8 +54,8 @@ class WeightPolicy:
         return self if self.weight_format in FLOAT_FORMATS else WeightPolicy()
 
     def matrix(self, tensor: WeightTensor, path: str, role: str = "linear") -> Output:
-        """A [out, in] matrix as an f32-valued node: a Constant (plus Convert when stored narrower), or the
-        decompression subgraph of its integer codes. role: "linear", "embedding" or "lm_head"."""
+        """A [out, in] matrix as an f32-valued node named `{path}/weight`: a Constant (plus Convert when stored
+        narrower), or the decompression subgraph of its integer codes. role: "linear", "embedding" or "lm_head"."""
         scheme = self.scheme(role)
         if scheme is not None and len(tensor.shape) == 2 and min(tensor.shape) >= MIN_COMPRESSED_SIDE:
             return compressed_constant(tensor, scheme, path)
@@ -98,9 +98,9 @@ def stored_constant(tensor: WeightTensor, path: str, dtype: str | None = None) -
         )
     c = shared_constant(tensor) if dtype == tensor.dtype else converted_constant(tensor, dtype)
     if dtype == "f32":
-        return named(c, path)
-    named(c, f"{path}/weight")
-    return named(ops.convert(c, ov.Type.f32), path)
+        return named(c, f"{path}/weight")
+    named(c, f"{path}/weight/stored")
+    return named(ops.convert(c, ov.Type.f32), f"{path}/weight")
 
 
 def shared_constant(tensor: WeightTensor) -> ov.Node:

@@ -38,7 +38,7 @@ def compressed_constant(tensor: WeightTensor, scheme: Scheme, path: str) -> Outp
         scale.data.reshape(-1),
         None if zero_point is None else zero_point.data.reshape(-1),
     )
-    w = named(ops.convert(named(ov.op.Constant(codes), f"{path}/weight"), ov.Type.f16), f"{path}/weight/f16")
+    w = named(ops.convert(named(ov.op.Constant(codes), f"{path}/weight/codes"), ov.Type.f16), f"{path}/weight/f16")
     if zero_point is not None:
         zp = named(ov.op.Constant(zero_point), f"{path}/weight/zero_point")
         zp = named(ops.convert(zp, ov.Type.f16), f"{path}/weight/zero_point/f16")
@@ -46,4 +46,4 @@ def compressed_constant(tensor: WeightTensor, scheme: Scheme, path: str) -> Outp
     w = named(ops.multiply(w, named(ov.op.Constant(scale), f"{path}/weight/scale")), f"{path}/weight/scaled")
     if grouped:
         w = named(ops.reshape(w, i64([n, k]), False), f"{path}/weight/ungrouped")  # [N, K/G, G] -> [N, K]
-    return named(ops.convert(w, ov.Type.f32), path)
+    return named(ops.convert(w, ov.Type.f32), f"{path}/weight")
