@@ -21,13 +21,16 @@ def get_rt_info(model: ov.Model, key: str, default: str | None = None) -> str | 
     return model.get_rt_info(path).astype(str) if model.has_rt_info(path) else default
 
 
-def common_rt_info(kind: str, family: str, num_kv_heads: int, head_dim: int) -> dict[str, object]:
-    """Keys every ovbuild IR carries: who built it, what it is, and the PagedAttention head geometry."""
-    return {
+def common_rt_info(
+    kind: str, family: str, num_kv_heads: int | None = None, head_dim: int | None = None
+) -> dict[str, object]:
+    """Keys every ovbuild IR carries: who built it, what it is, and the PagedAttention head geometry if it has any."""
+    info: dict[str, object] = {
         "ovbuild/version": __version__,
         "ovbuild/openvino_version": ov.get_version(),
         "ovbuild/kind": kind,
         "ovbuild/family": family,
-        "pa/num_kv_heads": num_kv_heads,
-        "pa/head_size": head_dim,
     }
+    if num_kv_heads is not None:
+        info.update({"pa/num_kv_heads": num_kv_heads, "pa/head_size": head_dim})
+    return info

@@ -7,5 +7,15 @@ from ovbuild.testing.tiny import (
     write_tiny_dflash,
     write_tiny_target,
 )
+from ovbuild.testing.tiny_dspark import DSPARK_KINDS, TINY_DSPARK, write_tiny_dspark
 
-__all__ = ["TINY_DRAFT", "TINY_TARGET", "nmse", "write_tiny_dflash", "write_tiny_target"]
+__all__ = [
+    "DSPARK_KINDS",
+    "TINY_DRAFT",
+    "TINY_DSPARK",
+    "TINY_TARGET",
+    "nmse",
+    "write_tiny_dflash",
+    "write_tiny_dspark",
+    "write_tiny_target",
+]
