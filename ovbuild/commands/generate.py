@@ -46,13 +46,36 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cache-mb", type=float, default=512, help="KV cache size per model in MB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=0.0,
+        help="DSpark: stop a proposal before the first row whose confidence is below this (0 = off)",
+    )
+    p.add_argument(
+        "--markov-mode",
+        choices=["chain", "lattice"],
+        default="chain",
+        help="DSpark: exact greedy chain (default) or the Top-K lattice walk",
+    )
 
 
 def runtime_options(args: argparse.Namespace):
     from ovbuild.runtime.pipeline import RuntimeOptions
 
+    # Only options the user set reach the drafter, so drafts of other families keep working with the defaults.
+    draft_options = {}
+    if args.confidence_threshold:
+        draft_options["confidence_threshold"] = args.confidence_threshold
+    if args.markov_mode != "chain":
+        draft_options["markov_mode"] = args.markov_mode
     return RuntimeOptions(
-        args.device, args.kv_cache_precision, args.inference_precision, args.cache_mb, args.max_num_batched_tokens
+        args.device,
+        args.kv_cache_precision,
+        args.inference_precision,
+        args.cache_mb,
+        args.max_num_batched_tokens,
+        draft_options,
     )
 
 

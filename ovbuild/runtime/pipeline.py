@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ovbuild.errors import CompatibilityError, ExportError
+from ovbuild.errors import CompatibilityError, ConfigError, ExportError
 from ovbuild.graph.ir import read_ir
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.drafters import DRAFTERS, Drafter
@@ -28,6 +28,8 @@ class RuntimeOptions:
     inference_precision: str | None = None  # None = the device's default (bf16 on CPUs with bf16 units)
     cache_mb: float = 512
     max_num_batched_tokens: int = 2048
+    # Options of the draft family's drafter, e.g. {"confidence_threshold": 0.5, "markov_mode": "lattice"} for DSpark.
+    draft_options: dict = field(default_factory=dict)
 
 
 class Pipeline:
@@ -92,12 +94,20 @@ def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
     family = get_rt_info(read_ir(model_file), "ovbuild/family")
     if family not in DRAFTERS:
         raise ExportError(f"{model_file}: no drafter for family {family!r} (known: {', '.join(DRAFTERS)})")
-    return DRAFTERS[family].from_folder(
+    drafter = DRAFTERS[family]
+    unknown = sorted(set(options.draft_options) - set(drafter.OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"{model_file}: a {family} draft takes no option '{unknown[0]}' "
+            f"(its options: {', '.join(drafter.OPTIONS) or 'none'})"
+        )
+    return drafter.from_folder(
         folder,
         device=options.device,
         kv_cache_precision=options.kv_cache_precision,
         inference_precision=options.inference_precision,
         cache_mb=options.cache_mb,
+        **options.draft_options,
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
+from ovbuild.runtime.drafters.dspark import DSparkDrafter
 
-DRAFTERS: dict[str, type[Drafter]] = {"dflash": BlockDrafter}
+DRAFTERS: dict[str, type[Drafter]] = {"dflash": BlockDrafter, "dspark": DSparkDrafter}
 
-__all__ = ["DRAFTERS", "BlockDrafter", "DraftItem", "Drafter"]
+__all__ = ["DRAFTERS", "BlockDrafter", "DSparkDrafter", "DraftItem", "Drafter"]

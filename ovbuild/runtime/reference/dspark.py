@@ -108,4 +108,6 @@ class DSparkReference(DFlashReference):
 
     def predecessor_confidence(self, hidden: np.ndarray, predecessors: np.ndarray) -> np.ndarray:
         """Confidence of every row under each of its predecessors: hidden [m, H], predecessors [m, K] -> [m, K]."""
-        return np.array([[self.confidence(h, int(p)) for p in row] for h, row in zip(hidden, predecessors)])
+        return np.array(
+            [[self.confidence(h, int(p)) for p in row] for h, row in zip(hidden, predecessors, strict=True)]
+        )
