@@ -1,8 +1,8 @@
 """Tiny random Qwen3DSparkModel drafts laid out like DeepSpec's: DSpark (vanilla or gated Markov head, confidence
 head) and DeepSpec DFlash (markov_rank 0), each with its own embed_tokens and lm_head, for the tiny target.
 
-Not degenerate: the Markov bias is as large as the base logits, so it changes many greedy choices and often picks
-tokens outside the base logits' Top-K, as the authors observe on trained drafts.
+Not degenerate: the Markov bias changes many greedy choices, some to tokens outside the base logits' Top-K, as the
+authors observe on trained drafts.
 """
 
 from __future__ import annotations
@@ -86,11 +86,12 @@ def write_tiny_dspark(
 
 
 def _markov_tensors(rng: np.random.Generator, cfg: dict) -> dict[str, np.ndarray]:
-    """W1 an embedding (unit entries), W2 scaled so that W2 . W1[x] is about as large as the base logits."""
+    """W1 an embedding (unit entries); W2 scaled so that on the tiny target the bias changes about as many greedy
+    choices as the authors report for trained drafts (vanilla ~45%, gated ~20%), some to tokens outside the top 8."""
     rank, h, v = cfg["markov_rank"], cfg["hidden_size"], cfg["vocab_size"]
     tensors = {
         "markov_head.markov_w1.weight": rng.standard_normal((v, rank)).astype(np.float32),
-        "markov_head.markov_w2.weight": random_tensor(rng, (v, rank)),
+        "markov_head.markov_w2.weight": 0.4 * random_tensor(rng, (v, rank)),
     }
     if cfg["markov_head_type"] == "gated":
         tensors["markov_head.gate_proj.weight"] = random_tensor(rng, (rank, h + rank))
