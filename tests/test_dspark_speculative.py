@@ -158,3 +158,7 @@ def test_bad_drafter_options_are_refused(models):
         DSparkDrafter(*models["vanilla"], confidence_threshold=1.5, **F32)
     with pytest.raises(ConfigError, match="markov_mode 'beam' is not one of chain, lattice"):
         DSparkDrafter(*models["vanilla"], markov_mode="beam", **F32)
+    with pytest.raises(ConfigError, match="this DSpark draft has a Markov head: pass its IR"):
+        DSparkDrafter(models["vanilla"][0], None, **F32)
+    with pytest.raises(UnsupportedError, match="markov_mode 'lattice': this draft has no Markov head"):
+        DSparkDrafter(backbone, None, markov_mode="lattice", **F32)

@@ -124,12 +124,13 @@ def greedy_chain(head: MarkovHead, steps: int) -> dict[str, Output]:
     firsts = ops.slice(begins, i64([0]), i64([-1]), i64([1]))  # [S]
     counts = ops.subtract(ops.slice(begins, i64([1]), i64([np.iinfo(np.int64).max]), i64([1])), firsts)  # [S]
     num_rows = ops.gather(ops.shape_of(logits, ov.Type.i64), i64([0]), i64(0))  # [1]
+    last = last_row(logits)
     previous = head.prev_token_ids.output(0)
     slots, tokens, confidences = [], [], []
     for k in range(steps):
         p = f"markov_chain/row{k}"
         rows = ops.add(firsts, i64([k]))  # [S]
-        clamped = ops.minimum(rows, last_row(logits))
+        clamped = ops.minimum(rows, last)
         h = ops.gather(head.hidden, clamped, i64(0)) if head.hidden is not None else None  # [S, H]
         e = head.embed(previous, f"{p}/markov_w1")  # [S, r]
         if head.with_confidence:

@@ -18,7 +18,6 @@ from ovbuild.graph.ir import core, read_ir
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.drafters.base import DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
-from ovbuild.runtime.paged_model import compile_config
 
 MARKOV_MODES = ("chain", "lattice")
 
@@ -47,6 +46,10 @@ class DSparkDrafter(BlockDrafter):
         self.markov_mode, self.confidence_threshold = markov_mode, confidence_threshold
         self.head = None
         outputs = {o.get_any_name() for o in model.outputs}
+        if head is None and get_rt_info(model, "ovbuild/markov_head"):
+            raise ConfigError("this DSpark draft has a Markov head: pass its IR (openvino_markov_head_model.xml)")
+        if head is None and markov_mode == "lattice":
+            raise UnsupportedError("markov_mode 'lattice': this draft has no Markov head (markov_rank 0)")
         if head is not None:
             modes = get_rt_info(head, "markov_head_mode", "").split(",")
             if markov_mode not in modes:
@@ -54,7 +57,9 @@ class DSparkDrafter(BlockDrafter):
                     f"the Markov head IR holds the {' and '.join(modes)} form, not the {markov_mode} (rebuild the "
                     "head with the lattice: ovbuild.graph.dspark_lattice.build_lattice_markov_head)"
                 )
-            self.head = core().compile_model(head, device, compile_config(kv_cache_precision, inference_precision))
+            # f32 unless asked otherwise: the head is tiny, and its argmaxes over biased logits must not flip on
+            # rounding (the CPU's default inference precision may be bf16).
+            self.head = core().compile_model(head, device, {"INFERENCE_PRECISION_HINT": inference_precision or "f32"})
             self.head_inputs = {i.get_any_name() for i in head.inputs}
             outputs |= {o.get_any_name() for o in head.outputs}
         if confidence_threshold > 0 and "confidence" not in outputs and "predecessor_confidence" not in outputs:
