@@ -62,6 +62,18 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-mb", type=float, default=EXACT_TARGET.cache_mb, help="target KV cache size in MB")
     p.add_argument("--draft-cache-mb", type=float, default=FAST_DRAFT.cache_mb, help="draft KV cache size in MB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=0.0,
+        help="DSpark: stop a proposal before the first row whose confidence is below this (0 = off)",
+    )
+    p.add_argument(
+        "--markov-mode",
+        choices=["chain", "lattice"],
+        default="chain",
+        help="DSpark: exact greedy chain (default) or the Top-K lattice walk",
+    )
 
 
 def runtime_options(args: argparse.Namespace):
@@ -69,7 +81,13 @@ def runtime_options(args: argparse.Namespace):
 
     target = ModelOptions(args.kv_cache_precision, args.inference_precision, args.cache_mb)
     draft = ModelOptions(args.draft_kv_cache_precision, args.draft_inference_precision, args.draft_cache_mb)
-    return RuntimeOptions(args.device, target, draft, args.max_num_batched_tokens)
+    # Only options the user set reach the drafter, so drafts of other families keep working with the defaults.
+    draft_options = {}
+    if args.confidence_threshold:
+        draft_options["confidence_threshold"] = args.confidence_threshold
+    if args.markov_mode != "chain":
+        draft_options["markov_mode"] = args.markov_mode
+    return RuntimeOptions(args.device, target, draft, args.max_num_batched_tokens, draft_options)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import openvino as ov
 
 from ovbuild.errors import UnsupportedError
-from ovbuild.graph import dflash, dflash2
+from ovbuild.graph import dflash, dflash2, dspark
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
@@ -19,7 +19,11 @@ def _dflash(cfg: DraftConfig, draft: WeightSource, target: WeightSource, policy:
     return {"openvino_model": dflash.build_dflash_draft(cfg, draft, target, policy)}
 
 
-DRAFT_BUILDERS: dict[str, DraftBuilder] = {"dflash": _dflash, "dflash2": dflash2.build_dflash2_models}
+DRAFT_BUILDERS: dict[str, DraftBuilder] = {
+    "dflash": _dflash,
+    "dflash2": dflash2.build_dflash2_models,
+    "dspark": dspark.build_dspark_models,
+}
 
 
 def build_draft_models(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ovbuild.errors import CompatibilityError, ExportError
+from ovbuild.errors import CompatibilityError, ConfigError, ExportError
 from ovbuild.graph.ir import read_ir
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.drafters import DRAFTERS, Drafter
@@ -46,6 +46,8 @@ class RuntimeOptions:
     target: ModelOptions = EXACT_TARGET
     draft: ModelOptions = FAST_DRAFT
     max_num_batched_tokens: int = 2048
+    # Options of the draft family's drafter, e.g. {"confidence_threshold": 0.5, "markov_mode": "lattice"} for DSpark.
+    draft_options: dict = field(default_factory=dict)
 
 
 class Pipeline:
@@ -111,12 +113,20 @@ def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
     family = get_rt_info(read_ir(model_file), "ovbuild/family")
     if family not in DRAFTERS:
         raise ExportError(f"{model_file}: no drafter for family {family!r} (known: {', '.join(DRAFTERS)})")
-    return DRAFTERS[family].from_folder(
+    drafter = DRAFTERS[family]
+    unknown = sorted(set(options.draft_options) - set(drafter.OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"{model_file}: a {family} draft takes no option '{unknown[0]}' "
+            f"(its options: {', '.join(drafter.OPTIONS) or 'none'})"
+        )
+    return drafter.from_folder(
         folder,
         device=options.device,
         kv_cache_precision=options.draft.kv_cache_precision,
         inference_precision=options.draft.inference_precision,
         cache_mb=options.draft.cache_mb,
+        **options.draft_options,
     )
 
 

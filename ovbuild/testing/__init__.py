@@ -8,13 +8,17 @@ from ovbuild.testing.tiny import (
     write_tiny_target,
 )
 from ovbuild.testing.tiny_dflash2 import TINY_DFLASH2, write_tiny_dflash2
+from ovbuild.testing.tiny_dspark import DSPARK_KINDS, TINY_DSPARK, write_tiny_dspark
 
 __all__ = [
+    "DSPARK_KINDS",
     "TINY_DFLASH2",
     "TINY_DRAFT",
+    "TINY_DSPARK",
     "TINY_TARGET",
     "nmse",
     "write_tiny_dflash",
     "write_tiny_dflash2",
+    "write_tiny_dspark",
     "write_tiny_target",
 ]

@@ -21,6 +21,9 @@ class DraftItem:
 class Drafter(ABC):
     """A draft model with its own paged cache. `propose` packs every item into one call and returns proposals."""
 
+    OPTIONS: tuple[
+        str, ...
+    ] = ()  # family-specific constructor options a pipeline may pass (RuntimeOptions.draft_options)
     target_layer_ids: tuple[int, ...]
     max_candidates: int  # proposals a full block yields
     infer_s: float = 0.0  # time spent inside draft inference calls, for the time split

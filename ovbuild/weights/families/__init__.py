@@ -9,12 +9,12 @@ from ovbuild.errors import UnsupportedError
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig
-from ovbuild.weights.families import dflash, dflash2
+from ovbuild.weights.families import dflash, dflash2, dspark
 from ovbuild.weights.families.base import DraftFamily
 from ovbuild.weights.tensor_names import WeightSource
 
 # Order matters only where two families share an architecture name; `matches` then decides.
-FAMILIES: tuple[DraftFamily, ...] = (dflash.FAMILY, dflash.MUSE_GLIMMER, dflash2.FAMILY)
+FAMILIES: tuple[DraftFamily, ...] = (dflash.FAMILY, dflash.MUSE_GLIMMER, dflash2.FAMILY, dspark.FAMILY)
 
 
 def detect_family(config: dict, path: str) -> DraftFamily:

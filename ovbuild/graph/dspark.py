@@ -1,0 +1,215 @@
+"""DSpark / DeepSpec DFlash drafts: the DFlash v1 backbone with candidate offset 0, and the Markov head IR.
+
+The Markov head `openvino_markov_head_model` holds the exact greedy chain: the authors' sequential head unrolled over
+the block rows, all sequences at once. Row k of every sequence adds the full-vocabulary bias of the token chosen on
+row k-1 (the anchor, `prev_token_ids`, for row 0) and takes the argmax:
+
+    prev_token_ids ─ W1 ─ e ─(gated: * sigmoid(gate_proj [h_k ; e]))─ W2 ─ + logits[row k] ─ argmax ─ x_k ─┐
+          └──────────────────────────── x_k is the next row's previous token ─────────────────────────────┘
+
+The confidence head (when it reads the Markov features) sits in the same IR and scores each row with the token the
+chain chose before it; a confidence head on the hidden state alone is an output of the backbone IR. The head IR is
+never integer-compressed. `ovbuild.graph.dspark_lattice` adds the Top-K lattice form of the same head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.graph.dflash import build_dflash_draft
+from ovbuild.graph.ops import Output, i64, named, parameter, result
+from ovbuild.graph.rt_info import common_rt_info, set_rt_info
+from ovbuild.graph.weights import WeightPolicy, f32_constant
+from ovbuild.weights.families.dspark import DSparkConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+MARKOV_HEAD = "openvino_markov_head_model"
+
+
+class MarkovHead:
+    """The head IR's inputs and weights, and the per-row formulas that the chain and the lattice share.
+
+    Inputs: logits [R, V] f32 (candidate rows of every sequence, packed), prev_token_ids [S] i64 (each sequence's
+    anchor), candidate_begins [S+1] i32 (prefix sums of candidate rows per sequence), and draft_hidden_states [R, H]
+    f32 when the gate or the confidence head reads it.
+    """
+
+    def __init__(self, cfg: DSparkConfig, draft: WeightSource, policy: WeightPolicy):
+        self.cfg = cfg
+        policy = policy.uncompressed()
+        h, v, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
+        self.logits = parameter("logits", [-1, v], ov.Type.f32)
+        self.prev_token_ids = parameter("prev_token_ids", [-1], ov.Type.i64)
+        self.candidate_begins = parameter("candidate_begins", [-1], ov.Type.i32)
+        self.gated = cfg.markov_head_type == "gated"
+        self.with_confidence = cfg.confidence_head_with_markov
+        self.hidden = (
+            parameter("draft_hidden_states", [-1, h], ov.Type.f32) if self.gated or self.with_confidence else None
+        )
+
+        def matrix(name: str, shape: tuple[int, int], role: str = "linear") -> Output:
+            return policy.matrix(draft.get(name, shape), name.replace(".", "/"), role=role)
+
+        self.w1 = matrix("markov_head.markov_w1", (v, r), role="embedding")  # [V, r]
+        self.w2 = matrix("markov_head.markov_w2", (v, r))  # [V, r]
+        if self.gated:
+            gate = matrix("markov_head.gate_proj", (r, h + r))  # [r, H + r] acting on [h ; e]
+            self.gate_h, self.gate_e = split_columns(gate, h, "markov_head/gate_proj")
+            self.gate_bias = f32_constant(draft.get("markov_head.gate_proj.bias", (r,)), "markov_head/gate_proj/bias")
+        if self.with_confidence:
+            w = matrix("confidence_head.proj", (1, cfg.confidence_width))  # [1, H + r] acting on [h ; e]
+            self.confidence_h, self.confidence_e = split_columns(w, h, "confidence_head/proj")
+            self.confidence_bias = f32_constant(draft.get("confidence_head.proj.bias", (1,)), "confidence_head/bias")
+
+    @property
+    def parameters(self) -> list[ov.Node]:
+        params = [self.logits, self.prev_token_ids, self.candidate_begins]
+        return params + ([self.hidden] if self.hidden is not None else [])
+
+    def embed(self, token_ids: Output, path: str) -> Output:
+        """W1 rows of the previous tokens: ids [...] -> [..., r]."""
+        return named(ops.gather(self.w1, token_ids, i64(0)), path)
+
+    def gate(self, e: Output, h: Output | None, path: str) -> Output:
+        """The vector the bias is made of: e itself (vanilla) or sigmoid(gate_proj [h ; e]) * e (gated).
+
+        e [..., r]; h [..., H] broadcastable against e's leading axes (unused by the vanilla head).
+        """
+        if not self.gated:
+            return e
+        hidden_part = ops.matmul(h, self.gate_h, False, True)  # [..., r]
+        pre = ops.add(ops.add(hidden_part, ops.matmul(e, self.gate_e, False, True)), self.gate_bias)  # [..., r]
+        return named(ops.multiply(ops.sigmoid(pre), e), path)
+
+    def bias(self, v: Output, path: str) -> Output:
+        """Full-vocabulary bias W2 v: [..., r] -> [..., V]."""
+        return named(ops.matmul(v, self.w2, False, True), path)
+
+    def confidence(self, h: Output, e: Output, path: str) -> Output:
+        """sigmoid(w . [h ; e] + b): h [..., H] broadcastable against e [..., r] -> [...]."""
+        logit = ops.add(
+            ops.add(ops.matmul(h, self.confidence_h, False, True), ops.matmul(e, self.confidence_e, False, True)),
+            self.confidence_bias,
+        )  # [..., 1]
+        return named(ops.squeeze(ops.sigmoid(logit), i64([-1])), path)
+
+    def first_rows(self) -> Output:
+        """Each sequence's first candidate row, clamped into [0, R-1] for sequences without rows: [S] i64."""
+        begins = ops.convert(self.candidate_begins, ov.Type.i64)
+        firsts = ops.slice(begins, i64([0]), i64([-1]), i64([1]))  # [S]
+        return named(ops.minimum(firsts, last_row(self.logits.output(0))), "markov_head/first_rows")
+
+
+def split_columns(w: Output, first: int, path: str) -> tuple[Output, Output]:
+    """[out, first + rest] -> ([out, first], [out, rest]): the weight's blocks acting on each part of a concat."""
+    parts = ops.variadic_split(w, i64(1), i64([first, -1]), name=f"{path}/split")
+    return parts.output(0), parts.output(1)
+
+
+def last_row(x: Output) -> Output:
+    """Index of the last row of x [R, ...] as a [1] i64 tensor."""
+    return ops.subtract(ops.gather(ops.shape_of(x, ov.Type.i64), i64([0]), i64(0)), i64([1])).output(0)
+
+
+def greedy_chain(head: MarkovHead, steps: int) -> dict[str, Output]:
+    """The sequential head unrolled over `steps` rows: chain_ids [R] i64 (and confidence [R] f32).
+
+    Step k works on row candidate_begins[s] + k of every sequence s; rows a sequence does not have are computed on a
+    clamped row and their results are written to a discarded slot R.
+    """
+    logits = head.logits.output(0)
+    begins = ops.convert(head.candidate_begins, ov.Type.i64)
+    firsts = ops.slice(begins, i64([0]), i64([-1]), i64([1]))  # [S]
+    counts = ops.subtract(ops.slice(begins, i64([1]), i64([np.iinfo(np.int64).max]), i64([1])), firsts)  # [S]
+    num_rows = ops.gather(ops.shape_of(logits, ov.Type.i64), i64([0]), i64(0))  # [1]
+    last = last_row(logits)
+    previous = head.prev_token_ids.output(0)
+    slots, tokens, confidences = [], [], []
+    for k in range(steps):
+        p = f"markov_chain/row{k}"
+        rows = ops.add(firsts, i64([k]))  # [S]
+        clamped = ops.minimum(rows, last)
+        h = ops.gather(head.hidden, clamped, i64(0)) if head.hidden is not None else None  # [S, H]
+        e = head.embed(previous, f"{p}/markov_w1")  # [S, r]
+        if head.with_confidence:
+            confidences.append(head.confidence(h, e, f"{p}/confidence"))
+        scores = ops.add(ops.gather(logits, clamped, i64(0)), head.bias(head.gate(e, h, f"{p}/gate"), f"{p}/bias"))
+        best = ops.topk(scores, i64(1), -1, "max", "value", index_element_type=ov.Type.i64, stable=True)
+        previous = named(ops.squeeze(best.output(1), i64([1])), f"{p}/token")  # [S]
+        tokens.append(previous)
+        slots.append(ops.select(ops.less(i64([k]), counts), rows, num_rows))  # [S]: a row of its own, or slot R
+    slots = named(ops.concat(slots, 0), "markov_chain/slots")  # [steps * S]
+    outputs = {"chain_ids": scatter_rows(ops.concat(tokens, 0), slots, num_rows, ov.Type.i64, "chain_ids")}
+    if head.with_confidence:
+        outputs["confidence"] = scatter_rows(ops.concat(confidences, 0), slots, num_rows, ov.Type.f32, "confidence")
+    return outputs
+
+
+def scatter_rows(values: Output, slots: Output, num_rows: Output, dtype: ov.Type, path: str) -> Output:
+    """values [N] written at slots [N] (each a row in [0, R) or the discarded slot R) -> [R]."""
+    zeros = ops.broadcast(ops.convert(i64(0), dtype), ops.add(num_rows, i64([1])))  # [R + 1]
+    filled = ops.scatter_update(zeros, slots, values, i64(0))  # [R + 1]
+    return named(ops.slice(filled, i64([0]), num_rows, i64([1])), f"markov_chain/{path}")  # [R]
+
+
+def markov_head_model(head: MarkovHead, outputs: dict[str, Output], modes: list[str], info: dict) -> ov.Model:
+    """The head IR from its outputs; rt_info says which forms it holds (`markov_head_mode`: chain and/or lattice)."""
+    cfg = head.cfg
+    model = ov.Model([result(v, k) for k, v in outputs.items()], head.parameters, "ovbuild_dspark_markov_head")
+    set_rt_info(
+        model,
+        {
+            **common_rt_info("markov_head", cfg.family),
+            "markov_head_type": cfg.markov_head_type,
+            "markov_rank": cfg.markov_rank,
+            "markov_head_mode": modes,
+            "dflash/block_size": cfg.block_size,
+            "ovbuild/vocab_size": cfg.vocab_size,
+            "ovbuild/hidden_size": cfg.hidden_size,
+            **info,
+        },
+    )
+    return model
+
+
+def build_markov_head(cfg: DSparkConfig, draft: WeightSource, policy: WeightPolicy | None = None) -> ov.Model:
+    """The exact greedy chain IR (outputs chain_ids [R] i64, and confidence [R] f32 with a Markov confidence head)."""
+    head = MarkovHead(cfg, draft, policy or WeightPolicy())
+    return markov_head_model(head, greedy_chain(head, cfg.block_size), ["chain"], {})
+
+
+def build_dspark_draft(
+    cfg: DSparkConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy | None = None
+) -> ov.Model:
+    """The backbone IR: a DFlash v1 per-row draft with candidate offset 0 (plus `confidence` [R] when the confidence
+    head reads the hidden state alone)."""
+    policy = policy or WeightPolicy()
+    model = build_dflash_draft(cfg, draft, target, policy)
+    if cfg.enable_confidence_head and not cfg.confidence_head_with_markov:
+        h = model.output("last_hidden_state").get_node().input_value(0)  # [R, H]: what the Result reads
+        model.add_results([result(hidden_confidence(cfg, draft, policy, h), "confidence")])
+    info: dict[str, object] = {"markov_rank": cfg.markov_rank}
+    if cfg.markov_rank:
+        info.update({"markov_head_type": cfg.markov_head_type, "ovbuild/markov_head": MARKOV_HEAD})
+    set_rt_info(model, info)
+    return model
+
+
+def hidden_confidence(cfg: DSparkConfig, draft: WeightSource, policy: WeightPolicy, h: Output) -> Output:
+    """sigmoid(w . h + b) of every candidate row: h [R, H] -> [R]."""
+    w = policy.uncompressed().matrix(draft.get("confidence_head.proj", (1, cfg.hidden_size)), "confidence_head/proj")
+    b = f32_constant(draft.get("confidence_head.proj.bias", (1,)), "confidence_head/bias")
+    logit = ops.add(ops.matmul(h, w, False, True), b)  # [R, 1]
+    return named(ops.squeeze(ops.sigmoid(logit), i64([-1])), "confidence_head/confidence")
+
+
+def build_dspark_models(
+    cfg: DSparkConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    """Every IR of a DSpark draft folder by file stem; a DeepSpec DFlash draft (markov_rank 0) has no head file."""
+    models = {"openvino_model": build_dspark_draft(cfg, draft, target, policy)}
+    if cfg.markov_rank:
+        models[MARKOV_HEAD] = build_markov_head(cfg, draft, policy)
+    return models
