@@ -13,21 +13,26 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2
+from ovbuild.testing.tiny_dspark import write_tiny_dspark
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
 
 F32 = dict(kv_cache_precision="f32")
-WRITERS = {"dflash2": write_tiny_dflash2}
+WRITERS = {
+    "dflash2": write_tiny_dflash2,
+    "dspark": lambda folder: write_tiny_dspark(folder, "gated"),
+    "deepspec_dflash": lambda folder: write_tiny_dspark(folder, "deepspec_dflash"),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))
 def family_folders(request, tmp_path_factory, target):
-    """(family, target IR with the draft's taps, exported draft folder)."""
+    """(draft family, target IR with the draft's taps, exported draft folder)."""
     root = tmp_path_factory.mktemp(request.param)
     dcfg, dweights = load_draft(Checkpoint.open(WRITERS[request.param](root / "ckpt")))
     for stem, model in build_draft_models(dcfg, dweights, target[1]).items():
         save_ir(model, root / "draft" / f"{stem}.xml")
-    return request.param, build_target(target[0], target[1], dcfg.target_layer_ids), root / "draft"
+    return dcfg.family, build_target(target[0], target[1], dcfg.target_layer_ids), root / "draft"
 
 
 def test_lossless_with_concurrent_requests(family_folders):
