@@ -18,6 +18,7 @@ from ovbuild.graph.ir import core, read_ir
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.drafters.base import DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
+from ovbuild.runtime.lattice import walk
 
 MARKOV_MODES = ("chain", "lattice")
 
@@ -37,8 +38,9 @@ class DSparkDrafter(BlockDrafter):
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
         cache_mb: float = 256,
+        num_blocks: int | None = None,
     ):
-        super().__init__(model, device, kv_cache_precision, inference_precision, cache_mb)
+        super().__init__(model, device, kv_cache_precision, inference_precision, cache_mb, num_blocks)
         if markov_mode not in MARKOV_MODES:
             raise ConfigError(f"markov_mode '{markov_mode}' is not one of {', '.join(MARKOV_MODES)}")
         if not 0.0 <= confidence_threshold <= 1.0:
@@ -86,7 +88,7 @@ class DSparkDrafter(BlockDrafter):
         elif self.markov_mode == "chain":
             tokens = outputs["chain_ids"]
         else:
-            chosen = walk_lattice(outputs["edge_scores"], candidate_begins)  # [R]
+            chosen = walk(outputs["edge_scores"], candidate_begins)  # [R]
             tokens = np.take_along_axis(outputs["candidate_ids"], chosen[:, None], -1)[:, 0]
             if "predecessor_confidence" in outputs:
                 previous = previous_choice(chosen, candidate_begins)  # [R]
@@ -119,24 +121,6 @@ def confident_rows(confidence: np.ndarray, threshold: float) -> int:
         return len(confidence)
     low = np.flatnonzero(confidence < threshold)
     return int(low[0]) if len(low) else len(confidence)
-
-
-def walk_lattice(edge_scores: np.ndarray, candidate_begins: np.ndarray) -> np.ndarray:
-    """Greedy walk (not Viterbi) of every sequence's lattice: edge_scores [R, K, K] -> chosen candidate index [R].
-
-    Row j of a sequence takes the best successor of the candidate chosen on row j-1; on its first row every
-    predecessor index stands for the anchor, so the walk starts from index 0.
-    """
-    begins = np.asarray(candidate_begins, np.int64)
-    counts = np.diff(begins)
-    chosen = np.zeros(len(edge_scores), np.int64)
-    previous = np.zeros(len(counts), np.int64)  # [S]
-    for j in range(int(counts.max(initial=0))):  # row j of every sequence that has one, all at once
-        live = np.flatnonzero(counts > j)
-        rows = begins[live] + j
-        previous[live] = np.argmax(edge_scores[rows, previous[live]], axis=-1)
-        chosen[rows] = previous[live]
-    return chosen
 
 
 def previous_choice(chosen: np.ndarray, candidate_begins: np.ndarray) -> np.ndarray:
