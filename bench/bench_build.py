@@ -20,92 +20,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ovbuild.graph.ir import save_ir
 from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.testing import TINY_DRAFT, TINY_TARGET
-from ovbuild.testing.tiny import layer_shapes
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.dtypes import f32_to_bf16
 from ovbuild.weights.families import load_draft
-from ovbuild.weights.safetensors_file import write_safetensors
 from ovbuild.weights.target import load_target
-from ovbuild.weights.tensor import WeightTensor
 
-TARGET = {
-    **TINY_TARGET,
-    "vocab_size": 151936,
-    "hidden_size": 2560,
-    "intermediate_size": 9728,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "rope_theta": 1000000.0,
-    "max_position_embeddings": 40960,
-    "layer_types": ["full_attention"] * 36,
-    "tie_word_embeddings": True,  # as Qwen3-4B: the embedding table is also the lm_head
-    "eos_token_id": 151645,
-    "bos_token_id": 151643,
-    "torch_dtype": "bfloat16",
-}
-DRAFT = {
-    **TINY_DRAFT,
-    "vocab_size": 151936,
-    "hidden_size": 2560,
-    "intermediate_size": 9728,
-    "num_hidden_layers": 5,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "rope_theta": 1000000.0,
-    "max_position_embeddings": 40960,
-    "layer_types": ["full_attention"] * 5,
-    "num_target_layers": 36,
-    "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33], "block_size": 16},
-    "torch_dtype": "bfloat16",
-}
-
-
-def random_bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """bf16 bits of N(0, 0.02^2) weights (norm vectors near 1), generated a few rows at a time."""
-    if len(shape) == 1:
-        return f32_to_bf16(1.0 + 0.02 * rng.standard_normal(shape, dtype=np.float32))
-    out = np.empty(shape, np.uint16)
-    rows = max(1, (1 << 24) // shape[1])
-    for begin in range(0, shape[0], rows):
-        out[begin : begin + rows] = f32_to_bf16(0.02 * rng.standard_normal(out[begin : begin + rows].shape, np.float32))
-    return out
-
-
-def write_part(folder: Path, part: str, shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -> None:
-    """One safetensors file of random bf16 tensors; a checkpoint is several of these (no index needed)."""
-    write_safetensors(
-        folder / f"{part}.safetensors", {n: WeightTensor(n, "bf16", random_bf16(rng, s)) for n, s in shapes.items()}
-    )
+from shapes import write_draft, write_target
 
 
 def write_checkpoints(root: Path) -> tuple[Path, Path]:
-    """The random draft and the target's (tied) embedding table, one file per layer or table."""
-    rng = np.random.default_rng(0)
-    draft, target = root / "draft", root / "target"
-    for folder, config in ((draft, DRAFT), (target, TARGET)):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    h, taps = DRAFT["hidden_size"], len(DRAFT["dflash_config"]["target_layer_ids"])
-    write_part(
-        draft,
-        "fc",
-        {"fc.weight": (h, taps * TARGET["hidden_size"]), "hidden_norm.weight": (h,), "norm.weight": (h,)},
-        rng,
-    )
-    for i in range(DRAFT["num_hidden_layers"]):
-        write_part(draft, f"layer-{i}", {f"layers.{i}.{n}.weight": s for n, s in layer_shapes(DRAFT).items()}, rng)
-    table = (TARGET["vocab_size"], TARGET["hidden_size"])
-    write_part(target, "embed", {"model.embed_tokens.weight": table}, rng)
-    return draft, target
+    """The random draft and the tables of the target that the draft IR holds (tied embedding / lm_head)."""
+    return write_draft(root / "draft"), write_target(root / "target", layers=False)
 
 
 def peak_rss_bytes() -> int:
