@@ -10,7 +10,7 @@ import openvino.opset16 as ops
 
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ops import Output, named
-from ovbuild.weights.dtypes import f32_to_bf16
+from ovbuild.weights.dtypes import STORAGE, convert_into
 from ovbuild.weights.tensor import WeightTensor
 
 OV_TYPES = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16}
@@ -43,30 +43,64 @@ class WeightPolicy:
 
         role: "linear", "embedding" or "lm_head"; compressing policies treat the last two differently.
         """
-        return stored_constant(self.cast(tensor), path)
+        stored = self.cast(tensor)
+        return stored_constant(stored, path, share=stored is tensor)
 
     def cast(self, tensor: WeightTensor) -> WeightTensor:
-        """The tensor in the precision this policy stores."""
+        """The tensor in the precision this policy stores; a converted copy is written into OpenVINO-owned memory."""
         target = {"keep": tensor.dtype, "fp32": "f32", "fp16": "f16", "bf16": "bf16"}[self.weight_format]
         if target == tensor.dtype:
             return tensor
-        values = tensor.to_f32()
-        array = (
-            f32_to_bf16(values) if target == "bf16" else values.astype(np.float16 if target == "f16" else np.float32)
-        )
-        return WeightTensor(tensor.name, target, array)
+        return WeightTensor(tensor.name, target, converted(tensor, target).data.view(STORAGE[target]))
 
 
-def stored_constant(tensor: WeightTensor, path: str) -> Output:
-    """Constant holding the tensor as stored (sharing its memory), converted to f32 when narrower."""
+def converted(tensor: WeightTensor, dtype: str) -> ov.Tensor:
+    """A new OpenVINO tensor holding `tensor` in float `dtype`, rounded to nearest even.
+
+    OpenVINO's vectorized Convert is exact here and 3-5x faster than numpy, except towards bf16, which it truncates:
+    that one goes through numpy a chunk at a time.
+    """
     if tensor.dtype not in OV_TYPES:
         raise UnsupportedError(f"tensor '{tensor.name}' has dtype {tensor.dtype}; weights must be f32, f16 or bf16")
-    array = np.ascontiguousarray(tensor.array)
-    c = ov.op.Constant(ov.Tensor(array, list(array.shape), OV_TYPES[tensor.dtype]), shared_memory=True)
+    out = ov.Tensor(OV_TYPES[dtype], list(tensor.shape))
+    if dtype == "bf16":
+        convert_into(out.data.view(STORAGE[dtype]), dtype, tensor.array, tensor.dtype)
+        return out
+    src = np.ascontiguousarray(tensor.array)
+    convert = ops.convert(ops.parameter(list(src.shape), OV_TYPES[tensor.dtype]), OV_TYPES[dtype])
+    convert.evaluate([out], [ov.Tensor(src, list(src.shape), OV_TYPES[tensor.dtype])])
+    return out
+
+
+def stored_constant(tensor: WeightTensor, path: str, share: bool = False) -> Output:
+    """Constant holding the tensor as stored, converted to f32 when narrower.
+
+    An array viewing a whole OpenVINO tensor (see `cast`) is shared without a copy. share=True shares any other
+    array's memory: only for memory that outlives the model (a checkpoint's mapped file), as OpenVINO keeps no
+    reference to a numpy array.
+    """
+    if tensor.dtype not in OV_TYPES:
+        raise UnsupportedError(f"tensor '{tensor.name}' has dtype {tensor.dtype}; weights must be f32, f16 or bf16")
+    owner = _openvino_owner(tensor.array)
+    if owner is not None:
+        c = ov.op.Constant(owner, shared_memory=True)
+    else:
+        array = np.ascontiguousarray(tensor.array)
+        c = ov.op.Constant(ov.Tensor(array, list(array.shape), OV_TYPES[tensor.dtype]), shared_memory=share)
     if tensor.dtype == "f32":
         return named(c, path)
     named(c, f"{path}/weight")
     return named(ops.convert(c, ov.Type.f32), path)
+
+
+def _openvino_owner(array: np.ndarray) -> ov.Tensor | None:
+    """The OpenVINO tensor whose whole memory `array` views, if any."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, ov.Tensor) and tuple(base.shape) == array.shape and base.data.ctypes.data == array.ctypes.data:
+        return base
+    return None
 
 
 def f32_constant(tensor: WeightTensor, path: str) -> Output:

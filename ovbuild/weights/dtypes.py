@@ -19,6 +19,8 @@ SAFETENSORS_DTYPES: dict[str, tuple[str, np.dtype]] = {
 }
 DTYPE_CODES = {name: code for code, (name, _) in SAFETENSORS_DTYPES.items()}
 FLOAT_DTYPES = ("f32", "f16", "bf16", "f64")
+STORAGE = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "bf16": np.dtype("<u2")}  # how float weights sit in numpy
+CHUNK = 1 << 22  # elements converted at a time: f32 temporaries stay a few MB, whatever the tensor size
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -38,3 +40,15 @@ def to_f32(array: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bf16":
         return bf16_to_f32(array)
     return np.asarray(array, dtype=np.float32)
+
+
+def convert_into(out: np.ndarray, out_dtype: str, src: np.ndarray, src_dtype: str) -> np.ndarray:
+    """Write float values `src` (bf16 as bits) into `out` in another float dtype, a chunk at a time; returns `out`.
+
+    Chunks keep the f32 intermediate small, where converting a whole embedding table would briefly need 3x its size.
+    """
+    flat_src, flat_out = src.reshape(-1), out.reshape(-1)
+    for begin in range(0, flat_src.size, CHUNK):
+        values = to_f32(flat_src[begin : begin + CHUNK], src_dtype)
+        flat_out[begin : begin + CHUNK] = f32_to_bf16(values) if out_dtype == "bf16" else values
+    return out

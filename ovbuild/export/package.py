@@ -1,0 +1,100 @@
+"""What an exported folder holds: the IRs with provenance rt_info, the source configs and a target's tokenizer."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import shutil
+from pathlib import Path
+
+import openvino as ov
+
+from ovbuild import __version__
+from ovbuild.errors import ExportError
+from ovbuild.graph.ir import save_ir
+from ovbuild.graph.rt_info import set_rt_info
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.checkpoint import Checkpoint
+
+log = logging.getLogger(__name__)
+CONFIG_FILES = ("config.json", "generation_config.json")
+TOKENIZER_IRS = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
+
+
+def provenance(
+    ckpt: Checkpoint, policy: WeightPolicy, ir_format: str, target: Checkpoint | None = None
+) -> dict[str, object]:
+    """rt_info saying where an IR came from and how its weights are stored."""
+    values: dict[str, object] = {
+        "ovbuild/version": __version__,
+        "ovbuild/openvino_version": ov.get_version(),
+        "ovbuild/source": ckpt.source,
+        "ovbuild/revision": resolved_revision(ckpt),
+        "ovbuild/ir_format": ir_format,
+        "ovbuild/weight_format": policy.weight_format,
+    }
+    if policy.weight_format.startswith("int"):
+        values |= {"ovbuild/sym": policy.sym, "ovbuild/group_size": policy.group_size}
+        values["ovbuild/all_layers"] = policy.all_layers
+    if target is not None:
+        values |= {"ovbuild/target_source": target.source, "ovbuild/target_revision": resolved_revision(target)}
+    return values
+
+
+def resolved_revision(ckpt: Checkpoint) -> str:
+    """The commit a hub checkpoint was downloaded at (its snapshot folder's name), else the revision asked for."""
+    if ckpt.folder.parent.name == "snapshots":
+        return ckpt.folder.name
+    return ckpt.revision or "local"
+
+
+def save_models(models: dict[str, ov.Model], folder: Path, rt_info: dict[str, object]) -> list[Path]:
+    """Write each model as `<stem>.xml/.bin` with `rt_info` added; a failed write names the file."""
+    paths = []
+    for stem, model in models.items():
+        set_rt_info(model, rt_info)
+        path = folder / f"{stem}.xml"
+        log.info("writing %s", path.name)
+        try:
+            save_ir(model, path)
+        except (OSError, RuntimeError) as e:
+            raise ExportError(f"{path}: cannot be written ({str(e).strip().splitlines()[-1]})") from e
+        paths.append(path)
+    return paths
+
+
+def copy_files(source: Path, folder: Path, names: tuple[str, ...]) -> list[str]:
+    """Copy whichever of `names` exist in `source` into `folder`; returns the names copied."""
+    copied = []
+    for name in names:
+        if (source / name).is_file():
+            try:
+                shutil.copyfile(source / name, folder / name)
+            except OSError as e:
+                raise ExportError(f"{folder / name}: cannot be written ({e.strerror or e})") from e
+            copied.append(name)
+    return copied
+
+
+def convert_tokenizer(source: Path, folder: Path) -> list[str]:
+    """openvino_tokenizer.xml / openvino_detokenizer.xml from the tokenizer in `source`, when openvino-tokenizers
+    (and the transformers it reads tokenizers with) are installed; both are optional, so otherwise nothing."""
+    try:
+        transformers = importlib.import_module("transformers")
+        openvino_tokenizers = importlib.import_module("openvino_tokenizers")
+    except ImportError:
+        log.info("openvino-tokenizers with transformers not installed: no %s written", " / ".join(TOKENIZER_IRS))
+        return []
+    try:
+        # use_fast reads tokenizer.json; no code from the checkpoint is run (trust_remote_code stays False).
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), use_fast=True)
+        models = openvino_tokenizers.convert_tokenizer(hf_tokenizer, with_detokenizer=True)
+    except Exception as e:  # any converter failure only costs the optional files, never the export
+        log.warning("tokenizer not converted to OpenVINO (%s): no %s written", e, " / ".join(TOKENIZER_IRS))
+        return []
+    for name, model in zip(TOKENIZER_IRS, models, strict=True):
+        try:
+            ov.save_model(model, str(folder / name))
+        except (OSError, RuntimeError) as e:
+            raise ExportError(f"{folder / name}: cannot be written ({e})") from e
+    return list(TOKENIZER_IRS)
