@@ -17,7 +17,7 @@ from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.export.compat import check_draft_fits_target
 from ovbuild.export.ir_formats import IrFormat, ir_format
 from ovbuild.export.output_folder import OutputFolder
-from ovbuild.export.package import CONFIG_FILES, convert_tokenizer, copy_files, provenance, save_models
+from ovbuild.export.package import CONFIG_FILES, Package, provenance
 from ovbuild.export.progress import LayerProgress, hub_progress, on_terminal
 from ovbuild.export.streaming import StreamingSource
 from ovbuild.export.weight_formats import default_weight_format, make_policy
@@ -73,7 +73,7 @@ def export(
     with output as tmp, hub_progress(show):
         ckpt = Checkpoint.open(model, revision, cache_dir)
         output.refuse_overlap(ckpt.folder, "checkpoint")
-        job = Job(ckpt, tmp, format, fmt, chosen, options, show)
+        job = Job(ckpt, Package(tmp, output.out), format, fmt, chosen, options, show)
         if kind_of(ckpt) == "target":
             if target_model is not None:
                 raise ConfigError(f"{ckpt.source} is a target: --target-model is only for draft exports")
@@ -95,7 +95,7 @@ class Job:
     """One export under way: the checkpoint, the partial folder, the IR format and the weight choices."""
 
     ckpt: Checkpoint
-    tmp: Path
+    package: Package
     format_name: str
     format: IrFormat
     chosen: WeightPolicy | None  # None: the kind's default weight format
@@ -118,9 +118,9 @@ def export_target(
     models = stream_build(
         f"target {cfg.architecture}", cfg.num_layers, [weights], job.show, lambda w: build(cfg, w, taps, policy)
     )
-    save_models(models, job.tmp, provenance(job.ckpt, policy, job.format_name))
-    copy_files(job.ckpt.folder, job.tmp, (*CONFIG_FILES, *TOKENIZER_FILES))
-    convert_tokenizer(job.ckpt.folder, job.tmp)
+    job.package.save_models(models, provenance(job.ckpt, policy, job.format_name))
+    job.package.copy_files(job.ckpt.folder, (*CONFIG_FILES, *TOKENIZER_FILES))
+    job.package.convert_tokenizer(job.ckpt.folder)
     return policy
 
 
@@ -139,8 +139,8 @@ def export_draft(
         f"draft {cfg.family}", cfg.num_layers, [weights, target], job.show, lambda w, t: build(cfg, w, t, policy)
     )
     target_ckpt = target.checkpoint if target is not None else None
-    save_models(models, job.tmp, provenance(job.ckpt, policy, job.format_name, target_ckpt))
-    copy_files(job.ckpt.folder, job.tmp, CONFIG_FILES)
+    job.package.save_models(models, provenance(job.ckpt, policy, job.format_name, target_ckpt))
+    job.package.copy_files(job.ckpt.folder, CONFIG_FILES)
     return cfg.family, policy
 
 

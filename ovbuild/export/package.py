@@ -48,53 +48,54 @@ def resolved_revision(ckpt: Checkpoint) -> str:
     return ckpt.revision or "local"
 
 
-def save_models(models: dict[str, ov.Model], folder: Path, rt_info: dict[str, object]) -> list[Path]:
-    """Write each model as `<stem>.xml/.bin` with `rt_info` added; a failed write names the file."""
-    paths = []
-    for stem, model in models.items():
-        set_rt_info(model, rt_info)
-        path = folder / f"{stem}.xml"
-        log.info("writing %s", path.name)
-        try:
-            save_ir(model, path)
-        except (OSError, RuntimeError) as e:
-            raise ExportError(f"{path}: cannot be written ({str(e).strip().splitlines()[-1]})") from e
-        paths.append(path)
-    return paths
+class Package:
+    """Writes an export's files into the partial folder `tmp`; errors name them as they will be in `out`."""
 
+    def __init__(self, tmp: Path, out: Path):
+        self.tmp, self.out = tmp, out
 
-def copy_files(source: Path, folder: Path, names: tuple[str, ...]) -> list[str]:
-    """Copy whichever of `names` exist in `source` into `folder`; returns the names copied."""
-    copied = []
-    for name in names:
-        if (source / name).is_file():
+    def save_models(self, models: dict[str, ov.Model], rt_info: dict[str, object]) -> None:
+        """Each model as `<stem>.xml/.bin`, with `rt_info` added."""
+        for stem, model in models.items():
+            set_rt_info(model, rt_info)
+            name = f"{stem}.xml"
+            log.info("writing %s", name)
             try:
-                shutil.copyfile(source / name, folder / name)
-            except OSError as e:
-                raise ExportError(f"{folder / name}: cannot be written ({e.strerror or e})") from e
-            copied.append(name)
-    return copied
+                save_ir(model, self.tmp / name)
+            except (OSError, RuntimeError) as e:
+                raise self.write_error(name, e) from e
 
+    def copy_files(self, source: Path, names: tuple[str, ...]) -> None:
+        """Copy whichever of `names` exist in `source`."""
+        for name in names:
+            if (source / name).is_file():
+                try:
+                    shutil.copyfile(source / name, self.tmp / name)
+                except OSError as e:
+                    raise self.write_error(name, e) from e
 
-def convert_tokenizer(source: Path, folder: Path) -> list[str]:
-    """openvino_tokenizer.xml / openvino_detokenizer.xml from the tokenizer in `source`, when openvino-tokenizers
-    (and the transformers it reads tokenizers with) are installed; both are optional, so otherwise nothing."""
-    try:
-        transformers = importlib.import_module("transformers")
-        openvino_tokenizers = importlib.import_module("openvino_tokenizers")
-    except ImportError:
-        log.info("openvino-tokenizers with transformers not installed: no %s written", " / ".join(TOKENIZER_IRS))
-        return []
-    try:
-        # use_fast reads tokenizer.json; no code from the checkpoint is run (trust_remote_code stays False).
-        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), use_fast=True)
-        models = openvino_tokenizers.convert_tokenizer(hf_tokenizer, with_detokenizer=True)
-    except Exception as e:  # any converter failure only costs the optional files, never the export
-        log.warning("tokenizer not converted to OpenVINO (%s): no %s written", e, " / ".join(TOKENIZER_IRS))
-        return []
-    for name, model in zip(TOKENIZER_IRS, models, strict=True):
+    def convert_tokenizer(self, source: Path) -> None:
+        """openvino_tokenizer.xml / openvino_detokenizer.xml from the tokenizer in `source`, when openvino-tokenizers
+        (and the transformers it reads tokenizers with) are installed; both are optional, so otherwise nothing."""
         try:
-            ov.save_model(model, str(folder / name))
-        except (OSError, RuntimeError) as e:
-            raise ExportError(f"{folder / name}: cannot be written ({e})") from e
-    return list(TOKENIZER_IRS)
+            transformers = importlib.import_module("transformers")
+            openvino_tokenizers = importlib.import_module("openvino_tokenizers")
+        except ImportError:
+            log.info("openvino-tokenizers with transformers not installed: no %s written", " / ".join(TOKENIZER_IRS))
+            return
+        try:
+            # Reads tokenizer.json; no code from the checkpoint is run (trust_remote_code stays False).
+            hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), use_fast=True)
+            models = openvino_tokenizers.convert_tokenizer(hf_tokenizer, with_detokenizer=True)
+        except Exception as e:  # a converter failure only costs the optional files, never the export
+            log.warning("tokenizer not converted to OpenVINO (%s): no %s written", e, " / ".join(TOKENIZER_IRS))
+            return
+        for name, model in zip(TOKENIZER_IRS, models, strict=True):
+            try:
+                ov.save_model(model, str(self.tmp / name))
+            except (OSError, RuntimeError) as e:
+                raise self.write_error(name, e) from e
+
+    def write_error(self, name: str, e: Exception) -> ExportError:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+        return ExportError(f"{self.out / name}: cannot be written ({reason})")
