@@ -129,7 +129,7 @@ def export_draft(
 ) -> tuple[str, WeightPolicy]:
     """Every IR of the draft and its configs, written into the partial folder; returns its family and policy."""
     cfg, weights = load_draft(job.ckpt)
-    target = open_target(job.ckpt, cfg, weights, target_model, cache_dir)
+    target = open_target(job.ckpt, cfg, weights, target_model, cache_dir, job.format.draft_embeds_target)
     if target is not None:
         output.refuse_overlap(target.checkpoint.folder, "target checkpoint")
     policy = job.policy("draft")
@@ -184,12 +184,18 @@ def target_taps(
 
 
 def open_target(
-    ckpt: Checkpoint, cfg: DraftConfig, weights: WeightSource, target_model: str | Path | None, cache_dir: str | None
+    ckpt: Checkpoint,
+    cfg: DraftConfig,
+    weights: WeightSource,
+    target_model: str | Path | None,
+    cache_dir: str | None,
+    embeds_target: bool = True,
 ) -> WeightSource | None:
-    """The target a draft is exported for, checked against the draft; None when the draft needs none."""
+    """The target a draft is exported for, checked against the draft; None when none is given and none is needed
+    (the draft carries its own embedding and lm_head, or the IR format does not embed the target's)."""
     borrows = [n for n in HEAD_TENSORS if not (n in weights.table and weights.has(n))]
     if target_model is None:
-        if borrows:
+        if borrows and embeds_target:
             raise ConfigError(
                 f"{ckpt.source}: the draft has no {' / '.join(borrows)} of its own: pass --target-model "
                 "(the target it drafts for)"

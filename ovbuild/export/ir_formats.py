@@ -31,6 +31,9 @@ class IrFormat:
     description: str
     target: TargetBuilder
     draft: DraftBuilder
+    # The draft IR holds the target's embedding and lm_head (a draft without its own then needs --target-model);
+    # a runtime that grafts them on itself (GenAI) does not.
+    draft_embeds_target: bool = True
 
 
 def _paged_target(

@@ -33,9 +33,6 @@ def provenance(
         "ovbuild/ir_format": ir_format,
         "ovbuild/weight_format": policy.weight_format,
     }
-    if policy.weight_format.startswith("int"):
-        values |= {"ovbuild/sym": policy.sym, "ovbuild/group_size": policy.group_size}
-        values["ovbuild/all_layers"] = policy.all_layers
     if target is not None:
         values |= {"ovbuild/target_source": target.source, "ovbuild/target_revision": resolved_revision(target)}
     return values
@@ -55,9 +52,10 @@ class Package:
         self.tmp, self.out = tmp, out
 
     def save_models(self, models: dict[str, ov.Model], rt_info: dict[str, object]) -> None:
-        """Each model as `<stem>.xml/.bin`, with `rt_info` added."""
+        """Each model as `<stem>.xml/.bin`, with the keys of `rt_info` it does not carry yet."""
         for stem, model in models.items():
-            set_rt_info(model, rt_info)
+            # A builder's own keys win (the weight policy describes its storage best); provenance fills in the rest.
+            set_rt_info(model, {k: v for k, v in rt_info.items() if not model.has_rt_info(k.split("/"))})
             name = f"{stem}.xml"
             log.info("writing %s", name)
             try:
