@@ -19,7 +19,7 @@ from ovbuild.export.ir_formats import IrFormat, ir_format
 from ovbuild.export.output_folder import OutputFolder
 from ovbuild.export.package import CONFIG_FILES, Package, provenance
 from ovbuild.export.progress import LayerProgress, hub_progress, on_terminal
-from ovbuild.export.streaming import StreamingSource
+from ovbuild.export.streaming import PageDropper, StreamingSource
 from ovbuild.export.weight_formats import default_weight_format, make_policy
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.checkpoint import TOKENIZER_FILES, Checkpoint, read_config
@@ -217,10 +217,7 @@ def stream_build(
 ) -> dict[str, ov.Model]:
     """Run `build(*sources)` with each source read one tensor at a time, a progress bar following the layers."""
     progress = LayerProgress(f"building {label}", num_layers, show)
-    streams = [StreamingSource(s, progress) if s is not None else None for s in sources]
-    models = build(*streams)
-    for s in streams:
-        if s is not None:
-            s.release()
+    with PageDropper() as dropper:
+        models = build(*[StreamingSource(s, dropper, progress) if s is not None else None for s in sources])
     progress.close()
     return models

@@ -10,7 +10,7 @@ import openvino.opset16 as ops
 
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ops import Output, named
-from ovbuild.weights.dtypes import STORAGE, convert_into
+from ovbuild.weights.dtypes import CHUNK, STORAGE, convert_into
 from ovbuild.weights.tensor import WeightTensor
 
 OV_TYPES = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16}
@@ -55,20 +55,23 @@ class WeightPolicy:
 
 
 def converted(tensor: WeightTensor, dtype: str) -> ov.Tensor:
-    """A new OpenVINO tensor holding `tensor` in float `dtype`, rounded to nearest even.
+    """A new OpenVINO tensor holding `tensor` in float `dtype`, rounded to nearest even, a chunk at a time.
 
     OpenVINO's vectorized Convert is exact here and 3-5x faster than numpy, except towards bf16, which it truncates:
-    that one goes through numpy a chunk at a time.
+    that one goes through numpy. Chunks keep temporaries small and let other threads run in between.
     """
     if tensor.dtype not in OV_TYPES:
         raise UnsupportedError(f"tensor '{tensor.name}' has dtype {tensor.dtype}; weights must be f32, f16 or bf16")
     out = ov.Tensor(OV_TYPES[dtype], list(tensor.shape))
+    dest = out.data.view(STORAGE[dtype])
     if dtype == "bf16":
-        convert_into(out.data.view(STORAGE[dtype]), dtype, tensor.array, tensor.dtype)
+        convert_into(dest, dtype, tensor.array, tensor.dtype)
         return out
-    src = np.ascontiguousarray(tensor.array)
-    convert = ops.convert(ops.parameter(list(src.shape), OV_TYPES[tensor.dtype]), OV_TYPES[dtype])
-    convert.evaluate([out], [ov.Tensor(src, list(src.shape), OV_TYPES[tensor.dtype])])
+    convert = ops.convert(ops.parameter([-1], OV_TYPES[tensor.dtype]), OV_TYPES[dtype])
+    src, flat = np.ascontiguousarray(tensor.array).reshape(-1), dest.reshape(-1)
+    for begin in range(0, src.size, CHUNK):
+        s, d = src[begin : begin + CHUNK], flat[begin : begin + CHUNK]
+        convert.evaluate([ov.Tensor(d, [d.size], OV_TYPES[dtype])], [ov.Tensor(s, [s.size], OV_TYPES[tensor.dtype])])
     return out
 
 
