@@ -12,19 +12,18 @@ from ovbuild.weights.tensor import WeightTensor
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-# What a build needs from a hub repo; nothing else is downloaded.
-HUB_PATTERNS = [
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    INDEX_FILE,
+# A target's tokenizer as Hugging Face repos ship it (whichever of these exist); exports copy them alongside the IR.
+TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",
     "vocab.json",
     "merges.txt",
-    "*.tiktoken",
-]
+    "chat_template.jinja",
+)
+# What a build needs from a hub repo; nothing else is downloaded.
+HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", INDEX_FILE, *TOKENIZER_FILES, "*.tiktoken"]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -71,6 +70,12 @@ class Checkpoint:
         if shape is not None and tensor.shape != tuple(shape):
             raise TensorError(f"{path}: tensor '{name}' has shape {list(tensor.shape)}, expected {list(shape)}")
         return tensor
+
+    def release(self, name: str) -> None:
+        """Drop the pages of tensor `name` from this process's memory; they are read from the file again if needed."""
+        path = self._where.get(name)
+        if path in self._files:
+            self._files[path].release(name)
 
     def _map_tensors(self) -> dict[str, Path]:
         index = self.folder / INDEX_FILE
@@ -136,13 +141,23 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def download(repo_id: str, revision: str | None, cache_dir: str | None) -> Path:
-    """Fetch only the files a build needs from the Hugging Face Hub (or its local cache when offline)."""
+def read_config(model: str | Path, revision: str | None = None, cache_dir: str | None = None) -> tuple[dict, Path]:
+    """config.json of a local folder or hub repo (only that file is downloaded), and where it was read from."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        if path.exists() or not _HUB_ID.match(str(model)):
+            raise CheckpointError(f"{model}: no such checkpoint folder (and not a Hugging Face repo id)")
+        path = download(str(model), revision, cache_dir, patterns=["config.json"])
+    return read_json(path / "config.json"), path / "config.json"
+
+
+def download(repo_id: str, revision: str | None, cache_dir: str | None, patterns: list[str] = HUB_PATTERNS) -> Path:
+    """Fetch only the files a build needs (`patterns`) from the Hugging Face Hub, or its local cache when offline."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns))
     except RepositoryNotFoundError as e:
         raise CheckpointError(f"{repo_id}: no such repository on the Hugging Face Hub") from e
     except LocalEntryNotFoundError as e:

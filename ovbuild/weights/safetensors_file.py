@@ -54,6 +54,16 @@ class SafetensorsFile:
         array = np.frombuffer(self._mmap, dtype=np_dtype, count=count, offset=info.begin).reshape(info.shape)
         return WeightTensor(name, info.dtype, array)
 
+    def release(self, name: str) -> None:
+        """Unmap the resident pages of tensor `name` (MADV_DONTNEED): a file-backed page is re-read on next access,
+        so views stay valid, but a build no longer accumulates the whole checkpoint in its resident set."""
+        if self._mmap is None:
+            return
+        info = self.tensors[name]
+        begin = info.begin - info.begin % mmap.PAGESIZE
+        if info.end > begin:
+            self._mmap.madvise(mmap.MADV_DONTNEED, begin, info.end - begin)
+
 
 def _read_header(path: Path) -> dict[str, TensorInfo]:
     try:

@@ -1,0 +1,209 @@
+"""Export of a draft shaped like z-lab/Qwen3-4B-DFlash-b16 in each weight format the policy supports, against the
+I/O floor measured in the same run.
+
+Writes random bf16 checkpoints (the draft, and a target holding only what a draft export reads: embedding, lm_head,
+final norm, under a full Qwen3-4B config), then for each format runs `ovbuild export` in a fresh subprocess and
+records wall time and that process's peak RSS. The floor is the time to read every tensor the export reads once and
+to write a file of the output's size; the compute column is the weight policy's arithmetic alone (every tensor
+through `WeightPolicy.matrix`, nothing written). Targets: wall <= 3 x (floor + compute), peak RSS <= 1.25 x .bin +
+300 MB.
+
+    python bench/bench_export.py [--workdir DIR] [--formats keep,fp16] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ovbuild.export.weight_formats import supported_weight_formats
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 2560, 5, 32, 8, 128, 9728, 151936
+TAPS = [1, 9, 17, 25, 33]
+COMMON = dict(
+    model_type="qwen3",
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    intermediate_size=INTER,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    hidden_act="silu",
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    attention_bias=False,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+DRAFT_CONFIG = dict(
+    COMMON,
+    architectures=["DFlashDraftModel"],
+    num_hidden_layers=LAYERS,
+    layer_types=["full_attention"] * LAYERS,
+    num_target_layers=36,
+    dflash_config={"mask_token_id": 151669, "target_layer_ids": TAPS, "block_size": 16},
+)
+TARGET_CONFIG = dict(COMMON, architectures=["Qwen3ForCausalLM"], num_hidden_layers=36, eos_token_id=151645)
+MB = 1e6
+
+
+def draft_shapes() -> dict[str, tuple[int, ...]]:
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    shapes = {"fc.weight": (HIDDEN, len(TAPS) * HIDDEN), "hidden_norm.weight": (HIDDEN,)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (HIDDEN,),
+            p + "self_attn.q_proj.weight": (q, HIDDEN),
+            p + "self_attn.k_proj.weight": (kv, HIDDEN),
+            p + "self_attn.v_proj.weight": (kv, HIDDEN),
+            p + "self_attn.o_proj.weight": (HIDDEN, q),
+            p + "self_attn.q_norm.weight": (HEAD_DIM,),
+            p + "self_attn.k_norm.weight": (HEAD_DIM,),
+            p + "post_attention_layernorm.weight": (HIDDEN,),
+            p + "mlp.gate_proj.weight": (INTER, HIDDEN),
+            p + "mlp.up_proj.weight": (INTER, HIDDEN),
+            p + "mlp.down_proj.weight": (HIDDEN, INTER),
+        }
+    return shapes | {"norm.weight": (HIDDEN,)}
+
+
+def target_shapes() -> dict[str, tuple[int, ...]]:
+    return {
+        "model.embed_tokens.weight": (VOCAB, HIDDEN),
+        "model.norm.weight": (HIDDEN,),
+        "lm_head.weight": (VOCAB, HIDDEN),
+    }
+
+
+def write_checkpoint(folder: Path, config: dict, shapes: dict[str, tuple[int, ...]], seed: int) -> None:
+    """A bf16 safetensors checkpoint written tensor by tensor, in chunks (this process never holds a whole model).
+
+    Matrices get random bf16 values of magnitude [2^-7, 2^-6) and random sign; vectors are ones.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in shapes.items():
+        size = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    rng = np.random.default_rng(seed)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for shape in shapes.values():
+            n = int(np.prod(shape))
+            if len(shape) == 1:
+                f.write(np.full(n, 0x3F80, np.uint16).tobytes())
+                continue
+            for start in range(0, n, 1 << 26):
+                bits = rng.integers(0, 1 << 16, min(1 << 26, n - start), dtype=np.uint16)
+                f.write(((bits & 0x807F) | 0x3C00).astype(np.uint16).tobytes())
+
+
+def io_floor(files: list[Path], out_bytes: int, scratch: Path) -> tuple[float, float]:
+    """Seconds to read every byte of `files` once, and to write `out_bytes` to a new file (no fsync, like export)."""
+    buf = bytearray(64 << 20)
+    t0 = time.perf_counter()
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+    t1 = time.perf_counter()
+    with open(scratch, "wb", buffering=0) as f:
+        left = out_bytes
+        while left:
+            left -= f.write(memoryview(buf)[: min(left, len(buf))])
+    t2 = time.perf_counter()
+    scratch.unlink()
+    return t1 - t0, t2 - t1
+
+
+COMPUTE = """
+import sys, time
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.export.weight_formats import make_policy
+policy = make_policy(sys.argv[3])
+t0 = time.perf_counter()
+for folder in sys.argv[1:3]:
+    ckpt = Checkpoint.open(folder)
+    for name in ckpt.tensor_names:
+        t = ckpt.get(name)
+        if t.array.ndim == 2:
+            role = "embedding" if "embed" in name else "lm_head" if "lm_head" in name else "linear"
+            policy.matrix(t, name, role=role)
+        ckpt.release(name)
+print(time.perf_counter() - t0)
+"""
+
+
+def run_measured(argv: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one fresh subprocess."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed ({os.waitstatus_to_exitcode(status)}): {' '.join(argv)}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, help="where checkpoints and exports go (default: a temp folder)")
+    parser.add_argument("--formats", help="comma-separated weight formats (default: every one the policy supports)")
+    parser.add_argument("--keep", action="store_true", help="keep the workdir")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="ovbuild-bench-export-"))
+    formats = args.formats.split(",") if args.formats else list(supported_weight_formats())
+    draft, target = work / "draft", work / "target"
+    if not (draft / "model.safetensors").exists():
+        print(f"writing checkpoints in {work} ...", flush=True)
+        write_checkpoint(draft, DRAFT_CONFIG, draft_shapes(), seed=1)
+        write_checkpoint(target, TARGET_CONFIG, target_shapes(), seed=0)
+    in_bytes = sum(p.stat().st_size for p in (draft / "model.safetensors", target / "model.safetensors"))
+    python = sys.executable
+    _, base_rss = run_measured([python, "-c", "import ovbuild.cli, ovbuild.export, openvino"])
+    rows = []
+    for fmt in formats:
+        out = work / f"out-{fmt}"
+        cmd = [python, "-m", "ovbuild.cli", "export", "-m", str(draft), str(out), "--target-model", str(target)]
+        wall, rss = run_measured([*cmd, "--weight-format", fmt, "--overwrite", "--quiet"])
+        bin_bytes = (out / "openvino_model.bin").stat().st_size
+        read_s, write_s = io_floor([draft / "model.safetensors", target / "model.safetensors"], bin_bytes, work / "x")
+        compute = subprocess.run(
+            [python, "-c", COMPUTE, str(draft), str(target), fmt], capture_output=True, text=True, check=True
+        )
+        compute_s = float(compute.stdout)
+        rows.append((fmt, wall, read_s, write_s, compute_s, rss, bin_bytes))
+        shutil.rmtree(out)
+    print(f"\ncheckpoints read: {in_bytes / MB:.0f} MB bf16; python + openvino + ovbuild alone: {base_rss / MB:.0f} MB")
+    head = "format  wall s  read s  write s  compute s  wall/(floor+compute)  peak RSS MB  .bin MB  RSS limit MB  ok"
+    print(head)
+    for fmt, wall, read_s, write_s, compute_s, rss, bin_bytes in rows:
+        ratio = wall / (read_s + write_s + compute_s)
+        limit = 1.25 * bin_bytes + 300 * MB
+        ok = "yes" if ratio <= 3 and rss <= limit else "NO"
+        print(
+            f"{fmt:<6}  {wall:6.1f}  {read_s:6.1f}  {write_s:7.1f}  {compute_s:9.1f}  {ratio:20.2f}  "
+            f"{rss / MB:11.0f}  {bin_bytes / MB:7.0f}  {limit / MB:12.0f}  {ok}"
+        )
+    if not args.keep and not args.workdir:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()

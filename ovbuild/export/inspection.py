@@ -1,0 +1,160 @@
+"""What an exported folder holds (family, ports, rt_info, weight storage, sizes), and whether each IR loads.
+
+Every model IR is read the way the runtime reads it and compiled on CPU; the first failure is an ExportError.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openvino as ov
+
+from ovbuild.errors import ExportError
+from ovbuild.export.package import TOKENIZER_IRS
+from ovbuild.export.progress import human_size
+from ovbuild.graph.ir import MODEL_FILE, core, read_ir
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    type: str
+    shape: str
+
+
+@dataclass
+class IrReport:
+    """One IR: its ports, rt_info flattened to `a/b` keys, and weight Constants as type -> (count, bytes)."""
+
+    file: str
+    inputs: list[Port]
+    outputs: list[Port]
+    rt_info: dict[str, str]
+    constants: dict[str, tuple[int, int]]
+    compiled_on: str = ""
+
+
+@dataclass
+class FolderReport:
+    folder: Path
+    irs: list[IrReport]
+    files: dict[str, int]
+    tokenizer: str = ""  # how the tokenizer IRs were checked, when present
+    notes: list[str] = field(default_factory=list)
+
+    def rt(self, key: str) -> str:
+        """An rt_info value of the main IR, or "?"."""
+        return next((ir.rt_info[key] for ir in self.irs if ir.file == MODEL_FILE and key in ir.rt_info), "?")
+
+
+def inspect_folder(folder: str | Path, device: str = "CPU") -> FolderReport:
+    """Describe an exported folder, reading every IR and compiling it on `device`."""
+    folder = Path(folder)
+    if not (folder / MODEL_FILE).is_file():
+        raise ExportError(f"{folder}: not an exported folder (no {MODEL_FILE})")
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    model_irs = [MODEL_FILE, *sorted(n for n in files if n.endswith(".xml") and n not in (MODEL_FILE, *TOKENIZER_IRS))]
+    report = FolderReport(folder, [describe_ir(folder / name, device) for name in model_irs], files)
+    report.tokenizer = check_tokenizers(folder, files, device)
+    return report
+
+
+def describe_ir(path: Path, device: str) -> IrReport:
+    """Read one IR (PagedAttention rt_info restored), describe it, compile it."""
+    try:
+        model = read_ir(path)
+    except ExportError:
+        raise
+    except RuntimeError as e:
+        raise ExportError(f"{path}: cannot be read ({last_line(e)})") from e
+    report = IrReport(
+        path.name,
+        [port(p) for p in model.inputs],
+        [port(p) for p in model.outputs],
+        flatten(model.get_rt_info()),
+        constants(model),
+    )
+    try:
+        core().compile_model(model, device)
+    except RuntimeError as e:
+        raise ExportError(f"{path}: does not compile on {device} ({last_line(e)})") from e
+    report.compiled_on = device
+    return report
+
+
+def check_tokenizers(folder: Path, files: dict[str, int], device: str) -> str:
+    """Read and compile the tokenizer IRs when openvino-tokenizers (their op extension) is installed."""
+    present = [n for n in TOKENIZER_IRS if n in files]
+    if not present:
+        return ""
+    try:
+        importlib.import_module("openvino_tokenizers")  # registers its ops with every Core made from now on
+    except ImportError:
+        return "not checked (openvino-tokenizers not installed)"
+    tokenizer_core = ov.Core()
+    for name in present:
+        try:
+            tokenizer_core.compile_model(tokenizer_core.read_model(str(folder / name)), device)
+        except RuntimeError as e:
+            raise ExportError(f"{folder / name}: does not load on {device} ({last_line(e)})") from e
+    return f"reads and compiles on {device}"
+
+
+def port(p: ov.Output) -> Port:
+    return Port(p.get_any_name(), p.get_element_type().get_type_name(), str(p.get_partial_shape()))
+
+
+def flatten(rt, prefix: str = "") -> dict[str, str]:
+    """Nested rt_info -> {"ovbuild/version": "0.1.0", ...}."""
+    out = {}
+    for key in rt:
+        value = rt[key]
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}/")
+        else:
+            out[f"{prefix}{key}"] = value.astype(str) if isinstance(value, ov.OVAny) else str(value)
+    return out
+
+
+def constants(model: ov.Model) -> dict[str, tuple[int, int]]:
+    """Constant element type -> (count, bytes): how the weights are actually stored."""
+    count, size = Counter(), Counter()
+    for node in model.get_ops():
+        if node.get_type_name() == "Constant":
+            t = node.get_output_element_type(0)
+            count[t.get_type_name()] += 1
+            size[t.get_type_name()] += node.get_byte_size()
+    return {t: (count[t], size[t]) for t in sorted(size, key=size.get, reverse=True)}
+
+
+def format_report(report: FolderReport) -> str:
+    """The report as text, one section per IR."""
+    lines = [
+        f"{report.folder}",
+        f"  kind {report.rt('ovbuild/kind')}, family {report.rt('ovbuild/family')}, "
+        f"weight format {report.rt('ovbuild/weight_format')}, IR format {report.rt('ovbuild/ir_format')}",
+        f"  source {report.rt('ovbuild/source')} @ {report.rt('ovbuild/revision')}",
+    ]
+    for ir in report.irs:
+        lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]
+        lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.inputs]
+        lines += ["  outputs:"]
+        lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.outputs]
+        lines += ["  constants:"]
+        lines += [f"    {t:<8} {n:>5} x  {human_size(b):>10}" for t, (n, b) in ir.constants.items()]
+        lines += ["  rt_info:"]
+        lines += [f"    {k} = {v}" for k, v in ir.rt_info.items()]
+    if report.tokenizer:
+        lines.append(f"tokenizer IRs: {report.tokenizer}")
+    lines.append(f"files ({human_size(sum(report.files.values()))}):")
+    lines += [f"  {name:<32} {human_size(size):>10}" for name, size in report.files.items()]
+    return "\n".join(lines)
+
+
+def last_line(e: Exception) -> str:
+    """OpenVINO errors end with the useful line after a C++ file and line; keep only that."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__

@@ -1,0 +1,54 @@
+"""IR formats an export can write, by name: which builders make the target's and the draft's models.
+
+Adding a format (e.g. stateful SDPA IRs for stock OpenVINO GenAI) is one entry in IR_FORMATS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import openvino as ov
+
+from ovbuild.errors import UnsupportedError
+from ovbuild.graph.registry import build_draft_models
+from ovbuild.graph.target import build_target
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.draft_config import DraftConfig
+from ovbuild.weights.target import TargetConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+# Each returns every IR of the output folder keyed by file stem ("openvino_model", "openvino_markov_head_model").
+TargetBuilder = Callable[[TargetConfig, WeightSource, tuple[int, ...], WeightPolicy], dict[str, ov.Model]]
+# The target source is None when the draft carries its own embedding and lm_head and no target was given.
+DraftBuilder = Callable[[DraftConfig, WeightSource, WeightSource | None, WeightPolicy], dict[str, ov.Model]]
+
+
+@dataclass(frozen=True)
+class IrFormat:
+    """One kind of exported folder: a description for --help and the builders of its models."""
+
+    description: str
+    target: TargetBuilder
+    draft: DraftBuilder
+    # The draft IR holds the target's embedding and lm_head (a draft without its own then needs --target-model);
+    # a runtime that grafts them on itself (GenAI) does not.
+    draft_embeds_target: bool = True
+
+
+def _paged_target(
+    cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    return {"openvino_model": build_target(cfg, weights, taps, policy)}
+
+
+IR_FORMATS: dict[str, IrFormat] = {
+    "paged": IrFormat("PagedAttention IRs over packed rows of many sequences", _paged_target, build_draft_models),
+}
+
+
+def ir_format(name: str) -> IrFormat:
+    """The IR_FORMATS entry `name`."""
+    if name not in IR_FORMATS:
+        raise UnsupportedError(f"IR format '{name}' is not one of {', '.join(IR_FORMATS)}")
+    return IR_FORMATS[name]
