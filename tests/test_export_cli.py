@@ -17,7 +17,7 @@ from ovbuild import __version__
 from ovbuild.export.inspection import constants, flatten
 from ovbuild.export.weight_formats import WEIGHT_FORMATS, supports
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import read_ir
+from ovbuild.graph.ir import core, read_ir
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.paged_model import PagedModel
@@ -82,7 +82,7 @@ def test_exported_draft_equals_in_memory_build_and_matches_reference(exports, ta
 
 
 def can_convert_tokenizers() -> bool:
-    return all(importlib.util.find_spec(m) for m in ("openvino_tokenizers", "transformers"))
+    return importlib.util.find_spec("openvino_tokenizers") is not None
 
 
 def test_target_folder_holds_configs_tokenizer_and_provenance(exports, tiny_target):
@@ -91,8 +91,7 @@ def test_target_folder_holds_configs_tokenizer_and_provenance(exports, tiny_targ
         assert (out / name).read_bytes() == (tiny_target / name).read_bytes(), name
     assert bool(TOKENIZER_IRS & {p.name for p in out.iterdir()}) == can_convert_tokenizers()
     if can_convert_tokenizers():  # optional dependencies: the converted tokenizer must encode like the source one
-        importlib.import_module("openvino_tokenizers")
-        encode = ov.Core().compile_model(out / "openvino_tokenizer.xml")
+        encode = core().compile_model(out / "openvino_tokenizer.xml")
         text = "hello, wörld"
         expected = Tokenizer.from_file(str(tiny_target / "tokenizer.json")).encode(text).ids
         assert encode([text])["input_ids"][0].tolist() == expected

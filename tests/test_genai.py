@@ -17,10 +17,10 @@ from openvino._offline_transformations import paged_attention_transformation
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ovbuild.errors import UnsupportedError
+from ovbuild.export import export
+from ovbuild.export.tokenizer import SpecialTokens, convert_tokenizer
 from ovbuild.graph.genai.draft import build_genai_draft
-from ovbuild.graph.genai.package import write_genai_draft, write_genai_target
 from ovbuild.graph.genai.target import LOCATORS_KEY, build_genai_target
-from ovbuild.graph.genai.tokenizer import SpecialTokens, convert_tokenizer
 from ovbuild.graph.ir import MODEL_FILE, core
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
@@ -39,8 +39,8 @@ PROMPT = [5, 17, 42, 99, 7, 100, 3]
 def folders(tmp_path_factory, tiny_target, tiny_draft):
     """The tiny target and draft written once as GenAI folders."""
     out = tmp_path_factory.mktemp("genai")
-    target = write_genai_target(out / "target", Checkpoint.open(tiny_target))
-    draft = write_genai_draft(out / "draft", Checkpoint.open(tiny_draft), Checkpoint.open(tiny_target))
+    target = export(tiny_target, out / "target", format="genai", weight_format="keep", quiet=True).out
+    draft = export(tiny_draft, out / "draft", format="genai", weight_format="keep", quiet=True).out
     return target, draft
 
 
@@ -280,7 +280,7 @@ def reference_greedy(cfg_weights, prompt: list[int], n: int) -> list[int]:
     return tokens
 
 
-def test_genai_dflash_matches_target_alone_and_reference(folders, target):
+def test_genai_dflash_matches_target_alone_reference_and_ovbuild(folders, target, tiny_target, tiny_draft, tmp_path):
     target_dir, draft_dir = folders
     # f32 inference and an f32 KV cache in both pipelines: GenAI's CPU defaults (bf16 compute, u8 cache) would let
     # greedy tokens drift from the float64 reference through rounding alone.
@@ -308,5 +308,20 @@ def test_genai_dflash_matches_target_alone_and_reference(folders, target):
     assert draft_calls > 0, "the draft never ran"
     assert speculative == plain, f"DFlash {speculative} != target alone {plain}"
     assert speculative == expected, f"DFlash {speculative} != numpy reference {expected}"
+    ours = ovbuild_runtime_tokens(tiny_target, tiny_draft, tmp_path, 24)
+    assert speculative == ours, f"GenAI {speculative} != ovbuild's own runtime {ours}"
     # The folder's tokenizer IRs are what LLMPipeline uses for text.
     assert alone.get_tokenizer().encode("héllo").input_ids.data.tolist() == [byte_level_tokenizer().encode("héllo").ids]
+
+
+def ovbuild_runtime_tokens(tiny_target, tiny_draft, out, n: int) -> list[int]:
+    """The same prompt through ovbuild's paged export and its own speculative runtime (exact defaults)."""
+    from ovbuild.runtime.pipeline import Pipeline
+    from ovbuild.runtime.request import GenerationConfig
+
+    target = export(tiny_target, out / "target", draft_of=tiny_draft, weight_format="keep", quiet=True).out
+    draft = export(tiny_draft, out / "draft", target_model=tiny_target, weight_format="keep", quiet=True).out
+    scheduler = Pipeline(target, draft).scheduler()
+    request = scheduler.add_request(PROMPT, GenerationConfig(max_new_tokens=n, num_assistant_tokens=5))
+    scheduler.run()
+    return request.generated

@@ -120,7 +120,8 @@ def export_target(
     )
     job.package.save_models(models, provenance(job.ckpt, policy, job.format_name))
     job.package.copy_files(job.ckpt.folder, (*CONFIG_FILES, *TOKENIZER_FILES))
-    job.package.convert_tokenizer(job.ckpt.folder)
+    job.package.write_generation_config(cfg.eos_token_ids)
+    job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
     return policy
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import openvino as ov
 
 from ovbuild.errors import UnsupportedError
+from ovbuild.graph.genai.draft import build_genai_draft
+from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
@@ -34,6 +36,8 @@ class IrFormat:
     # The draft IR holds the target's embedding and lm_head (a draft without its own then needs --target-model);
     # a runtime that grafts them on itself (GenAI) does not.
     draft_embeds_target: bool = True
+    # The runtime opens a target folder through openvino_tokenizer.xml (GenAI): converting the tokenizer must succeed.
+    needs_tokenizer_irs: bool = False
 
 
 def _paged_target(
@@ -42,8 +46,28 @@ def _paged_target(
     return {"openvino_model": build_target(cfg, weights, taps, policy)}
 
 
+def _genai_target(
+    cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    # GenAI locates every layer's output through rt_info and picks the draft's taps itself at load time.
+    return {"openvino_model": build_genai_target(cfg, weights, policy)}
+
+
+def _genai_draft(
+    cfg: DraftConfig, draft: WeightSource, target: WeightSource | None, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    return {"openvino_model": build_genai_draft(cfg, draft, policy)}
+
+
 IR_FORMATS: dict[str, IrFormat] = {
     "paged": IrFormat("PagedAttention IRs over packed rows of many sequences", _paged_target, build_draft_models),
+    "genai": IrFormat(
+        "stateful SDPA IRs that stock OpenVINO GenAI 2026.4 runs (DFlash v1 drafts, Qwen3 targets)",
+        _genai_target,
+        _genai_draft,
+        draft_embeds_target=False,
+        needs_tokenizer_irs=True,
+    ),
 }
 
 

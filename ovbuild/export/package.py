@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import openvino as ov
 
 from ovbuild import __version__
-from ovbuild.errors import ExportError
+from ovbuild.errors import ExportError, UnsupportedError
+from ovbuild.export.tokenizer import convert_tokenizer, special_tokens
 from ovbuild.graph.ir import save_ir
 from ovbuild.graph.rt_info import set_rt_info
 from ovbuild.graph.weights import WeightPolicy
@@ -72,20 +74,32 @@ class Package:
                 except OSError as e:
                     raise self.write_error(name, e) from e
 
-    def convert_tokenizer(self, source: Path) -> None:
-        """openvino_tokenizer.xml / openvino_detokenizer.xml from the tokenizer in `source`, when openvino-tokenizers
-        (and the transformers it reads tokenizers with) are installed; both are optional, so otherwise nothing."""
+    def write_generation_config(self, eos_token_ids: tuple[int, ...]) -> None:
+        """A generation_config.json with the config's eos ids when the checkpoint has none (runtimes stop on them)."""
+        if not (self.tmp / "generation_config.json").exists() and eos_token_ids:
+            config = {"eos_token_id": list(eos_token_ids), "do_sample": False}
+            (self.tmp / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    def convert_tokenizer(self, source: Path, required: bool) -> None:
+        """openvino_tokenizer.xml / openvino_detokenizer.xml from `source`'s tokenizer.json, with openvino-tokenizers
+        (and without transformers). Optional unless `required` (GenAI opens a target folder through them)."""
         try:
-            transformers = importlib.import_module("transformers")
-            openvino_tokenizers = importlib.import_module("openvino_tokenizers")
-        except ImportError:
-            log.info("openvino-tokenizers with transformers not installed: no %s written", " / ".join(TOKENIZER_IRS))
+            importlib.import_module("openvino_tokenizers")
+        except ImportError as e:
+            if required:
+                raise ExportError(
+                    f"{self.out}: this IR format needs {' / '.join(TOKENIZER_IRS)}, which need "
+                    "openvino-tokenizers (pip install 'openvino-tokenizers==2026.4.*')"
+                ) from e
+            log.info("openvino-tokenizers not installed: no %s written", " / ".join(TOKENIZER_IRS))
             return
+        generation_file = self.tmp / "generation_config.json"
+        generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
         try:
-            # Reads tokenizer.json; no code from the checkpoint is run (trust_remote_code stays False).
-            hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), use_fast=True)
-            models = openvino_tokenizers.convert_tokenizer(hf_tokenizer, with_detokenizer=True)
-        except Exception as e:  # a converter failure only costs the optional files, never the export
+            models = convert_tokenizer(source / "tokenizer.json", special_tokens(source, generation))
+        except (UnsupportedError, ExportError) as e:
+            if required:
+                raise
             log.warning("tokenizer not converted to OpenVINO (%s): no %s written", e, " / ".join(TOKENIZER_IRS))
             return
         for name, model in zip(TOKENIZER_IRS, models, strict=True):

@@ -159,3 +159,43 @@ def _set_special_tokens(model: ov.Model, special: SpecialTokens) -> None:
         value = getattr(special, key)
         if value is not None:
             model.set_rt_info(value, key)
+
+
+def special_tokens(folder: Path, generation: dict) -> SpecialTokens:
+    """eos / pad / bos ids and the chat template of a checkpoint folder, as transformers' tokenizer reports them."""
+    config = _read_optional(folder / "tokenizer_config.json")
+    spec = _read_optional(folder / "tokenizer.json")
+    eos = _token_id(spec, config.get("eos_token"))
+    if eos is None:
+        eos = _first(generation.get("eos_token_id"))
+    if eos is None:
+        raise ExportError(f"{folder}: no eos token in tokenizer_config.json or generation_config.json")
+    pad = _token_id(spec, config.get("pad_token"))
+    template_file = folder / "chat_template.jinja"
+    template = template_file.read_text(encoding="utf-8") if template_file.exists() else config.get("chat_template")
+    return SpecialTokens(
+        eos_token_id=eos,
+        pad_token_id=eos if pad is None else pad,
+        bos_token_id=_token_id(spec, config.get("bos_token")),
+        chat_template=template if isinstance(template, str) else None,
+    )
+
+
+def _token_id(spec: dict, token) -> int | None:
+    """Id of a tokenizer_config token entry (a string or {"content": ...}) in tokenizer.json, None if unset."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not token:
+        return None
+    for added in spec.get("added_tokens", []):
+        if added["content"] == token:
+            return added["id"]
+    return spec.get("model", {}).get("vocab", {}).get(token)
+
+
+def _first(value) -> int | None:
+    return value[0] if isinstance(value, list) and value else value
+
+
+def _read_optional(path: Path) -> dict:
+    return _read(path) if path.exists() else {}
