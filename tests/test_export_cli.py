@@ -18,6 +18,7 @@ from ovbuild.export.inspection import constants, flatten
 from ovbuild.export.weight_formats import WEIGHT_FORMATS, supports
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import core, read_ir
+from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.paged_model import PagedModel
@@ -273,3 +274,14 @@ def test_released_pages_read_back_unchanged(tiny_draft):
     before = view.copy()
     file.release("fc.weight")
     assert np.array_equal(view, before)
+
+
+def test_markov_head_rt_info_says_it_is_not_compressed(tmp_path, tiny_target, capsys):
+    from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2
+
+    out = tmp_path / "v2"
+    ckpt = write_tiny_dflash2(tmp_path / "ckpt")
+    run = ovbuild(capsys, "export", "-m", ckpt, out, "--target-model", tiny_target, "--weight-format", "int8")
+    assert run.code == 0, run.err
+    assert get_rt_info(read_ir(out), "ovbuild/weight_format") == "int8"
+    assert get_rt_info(read_ir(out / "openvino_markov_head_model.xml"), "ovbuild/weight_format") == "keep"

@@ -128,6 +128,7 @@ def build_markov_head(cfg: DFlash2Config, draft: WeightSource, policy: WeightPol
             "dflash/version": 2,
             "ovbuild/vocab_size": v,
             "ovbuild/hidden_size": h,
+            **policy.rt_info(),  # the head's own storage: never integer-compressed
         },
     )
     return model

@@ -38,7 +38,7 @@ class MarkovHead:
 
     def __init__(self, cfg: DSparkConfig, draft: WeightSource, policy: WeightPolicy):
         self.cfg = cfg
-        policy = policy.uncompressed()
+        self.policy = policy = policy.uncompressed()
         h, v, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
         self.logits = parameter("logits", [-1, v], ov.Type.f32)
         self.prev_token_ids = parameter("prev_token_ids", [-1], ov.Type.i64)
@@ -168,6 +168,7 @@ def markov_head_model(head: MarkovHead, outputs: dict[str, Output], modes: list[
             "dflash/block_size": cfg.block_size,
             "ovbuild/vocab_size": cfg.vocab_size,
             "ovbuild/hidden_size": cfg.hidden_size,
+            **head.policy.rt_info(),  # the head's own storage: never integer-compressed
             **info,
         },
     )
