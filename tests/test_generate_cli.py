@@ -75,3 +75,10 @@ def test_missing_prompt_and_missing_folder_are_clean_errors(folders, tmp_path, c
     assert "no prompt given" in capsys.readouterr().err
     assert main(["generate", "--target", str(tmp_path / "nope"), "--prompt", "a"]) == 2
     assert "no such IR file" in capsys.readouterr().err
+
+
+def test_demo_on_the_tiny_pair_is_lossless(capsys):
+    assert main(["demo", "--tiny", "--max-new-tokens", "8", "--num-assistant-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "outputs identical with and without the draft: yes" in out
+    assert "mean acceptance length" in out and "speed-up:" in out

@@ -74,9 +74,10 @@ class Pipeline:
                     "--draft-of this draft)"
                 )
 
-    def scheduler(self, trace: bool = False) -> Scheduler:
-        """A fresh scheduler over this pipeline's compiled models and caches."""
-        return Scheduler(self.target, self.drafter, self.options.max_num_batched_tokens, self.decode, trace)
+    def scheduler(self, trace: bool = False, use_draft: bool = True) -> Scheduler:
+        """A fresh scheduler over this pipeline's compiled models and caches (`use_draft=False`: the target alone)."""
+        drafter = self.drafter if use_draft else None
+        return Scheduler(self.target, drafter, self.options.max_num_batched_tokens, self.decode, trace)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -92,10 +93,11 @@ class Pipeline:
         stop_strings: tuple[str, ...] = (),
         trace: bool = False,
         on_step: Callable[[Scheduler], None] | None = None,
+        use_draft: bool = True,
     ) -> tuple[list[Request], RunMetrics]:
         """Run every prompt as a concurrent request; returns finished requests (in prompt order) and run totals."""
         config = GenerationConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens)
-        scheduler = self.scheduler(trace)
+        scheduler = self.scheduler(trace, use_draft)
         for prompt in prompts:
             scheduler.add_request(self.encode(prompt), config)
         while scheduler.has_unfinished():
