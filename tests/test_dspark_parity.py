@@ -161,12 +161,18 @@ def test_draft_folder_layout_and_rt_info(drafts, target):
         "candidate_begins",
         "draft_hidden_states",
     ]
-    assert [p.get_any_name() for p in head.outputs] == ["chain_ids", "confidence"]
+    assert [p.get_any_name() for p in head.outputs] == [
+        "chain_ids",
+        "confidence",
+        "candidate_ids",
+        "edge_scores",
+        "predecessor_confidence",
+    ]
     info = {k: get_rt_info(head, k) for k in ("markov_head_type", "markov_rank", "markov_head_mode", "ovbuild/kind")}
     assert info == {
         "markov_head_type": "gated",
         "markov_rank": "16",
-        "markov_head_mode": "chain",
+        "markov_head_mode": "chain,lattice",
         "ovbuild/kind": "markov_head",
     }
     assert get_rt_info(head, "pa/num_kv_heads") is None

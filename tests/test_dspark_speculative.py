@@ -132,7 +132,8 @@ def folders(tmp_path_factory, tiny_target, drafts, target):
     return root
 
 
-def test_pipeline_threads_drafter_options(folders, draft, target):
+def test_pipeline_threads_drafter_options(folders, draft, target, drafts):
+    cfg, weights = drafts["vanilla"]
     prompts = ["def add(a, b):", "import os\n", "hello"]
     alone, _ = Pipeline(folders / "target").generate(prompts, 16)
     options = RuntimeOptions(draft_options={"confidence_threshold": 0.5})
@@ -142,8 +143,14 @@ def test_pipeline_threads_drafter_options(folders, draft, target):
     requests, metrics = pipeline.generate(prompts, 16)
     assert [r.generated for r in requests] == [r.generated for r in alone]
     assert metrics.requests.num_drafts > 0
+    # exported heads hold the lattice next to the chain, so the lattice mode runs from the same folder
+    lattice = Pipeline(folders / "target", folders / "dspark", RuntimeOptions(draft_options={"markov_mode": "lattice"}))
+    assert [r.generated for r in lattice.generate(prompts, 16)[0]] == [r.generated for r in alone]
+    chain_only = folders / "chain_only"
+    save_ir(build_dspark_draft(cfg, weights, target[1]), chain_only / "openvino_model.xml")
+    save_ir(build_markov_head(cfg, weights), chain_only / f"{MARKOV_HEAD}.xml")
     with pytest.raises(UnsupportedError, match="holds the chain form, not the lattice"):
-        Pipeline(folders / "target", folders / "dspark", RuntimeOptions(draft_options={"markov_mode": "lattice"}))
+        Pipeline(folders / "target", chain_only, RuntimeOptions(draft_options={"markov_mode": "lattice"}))
     save_ir(build_dflash_draft(*draft, target[1]), folders / "dflash" / "openvino_model.xml")
     with pytest.raises(ConfigError, match="a dflash draft takes no option 'confidence_threshold'"):
         Pipeline(folders / "target", folders / "dflash", options)

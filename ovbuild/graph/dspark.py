@@ -204,13 +204,3 @@ def hidden_confidence(cfg: DSparkConfig, draft: WeightSource, policy: WeightPoli
     b = f32_constant(draft.get("confidence_head.proj.bias", (1,)), "confidence_head/bias")
     logit = ops.add(ops.matmul(h, w, False, True), b)  # [R, 1]
     return named(ops.squeeze(ops.sigmoid(logit), i64([-1])), "confidence_head/confidence")
-
-
-def build_dspark_models(
-    cfg: DSparkConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy
-) -> dict[str, ov.Model]:
-    """Every IR of a DSpark draft folder by file stem; a DeepSpec DFlash draft (markov_rank 0) has no head file."""
-    models = {"openvino_model": build_dspark_draft(cfg, draft, target, policy)}
-    if cfg.markov_rank:
-        models[MARKOV_HEAD] = build_markov_head(cfg, draft, policy)
-    return models

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import openvino as ov
 
 from ovbuild.errors import UnsupportedError
-from ovbuild.graph import dflash, dflash2, dspark
+from ovbuild.graph import dflash, dflash2, dspark_lattice
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
@@ -22,7 +22,7 @@ def _dflash(cfg: DraftConfig, draft: WeightSource, target: WeightSource, policy:
 DRAFT_BUILDERS: dict[str, DraftBuilder] = {
     "dflash": _dflash,
     "dflash2": dflash2.build_dflash2_models,
-    "dspark": dspark.build_dspark_models,
+    "dspark": dspark_lattice.build_dspark_models,
 }
 
 
