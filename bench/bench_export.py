@@ -14,104 +14,21 @@ through `WeightPolicy.matrix`, nothing written). Targets: wall <= 3 x (floor + c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ovbuild.export.weight_formats import supported_weight_formats
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 2560, 5, 32, 8, 128, 9728, 151936
-TAPS = [1, 9, 17, 25, 33]
-COMMON = dict(
-    model_type="qwen3",
-    vocab_size=VOCAB,
-    hidden_size=HIDDEN,
-    intermediate_size=INTER,
-    num_attention_heads=HEADS,
-    num_key_value_heads=KV_HEADS,
-    head_dim=HEAD_DIM,
-    hidden_act="silu",
-    max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    attention_bias=False,
-    tie_word_embeddings=False,
-    torch_dtype="bfloat16",
-)
-DRAFT_CONFIG = dict(
-    COMMON,
-    architectures=["DFlashDraftModel"],
-    num_hidden_layers=LAYERS,
-    layer_types=["full_attention"] * LAYERS,
-    num_target_layers=36,
-    dflash_config={"mask_token_id": 151669, "target_layer_ids": TAPS, "block_size": 16},
-)
-TARGET_CONFIG = dict(COMMON, architectures=["Qwen3ForCausalLM"], num_hidden_layers=36, eos_token_id=151645)
+from shapes import QWEN3_4B, write_draft, write_target
+
 MB = 1e6
-
-
-def draft_shapes() -> dict[str, tuple[int, ...]]:
-    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
-    shapes = {"fc.weight": (HIDDEN, len(TAPS) * HIDDEN), "hidden_norm.weight": (HIDDEN,)}
-    for i in range(LAYERS):
-        p = f"layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (HIDDEN,),
-            p + "self_attn.q_proj.weight": (q, HIDDEN),
-            p + "self_attn.k_proj.weight": (kv, HIDDEN),
-            p + "self_attn.v_proj.weight": (kv, HIDDEN),
-            p + "self_attn.o_proj.weight": (HIDDEN, q),
-            p + "self_attn.q_norm.weight": (HEAD_DIM,),
-            p + "self_attn.k_norm.weight": (HEAD_DIM,),
-            p + "post_attention_layernorm.weight": (HIDDEN,),
-            p + "mlp.gate_proj.weight": (INTER, HIDDEN),
-            p + "mlp.up_proj.weight": (INTER, HIDDEN),
-            p + "mlp.down_proj.weight": (HIDDEN, INTER),
-        }
-    return shapes | {"norm.weight": (HIDDEN,)}
-
-
-def target_shapes() -> dict[str, tuple[int, ...]]:
-    return {
-        "model.embed_tokens.weight": (VOCAB, HIDDEN),
-        "model.norm.weight": (HIDDEN,),
-        "lm_head.weight": (VOCAB, HIDDEN),
-    }
-
-
-def write_checkpoint(folder: Path, config: dict, shapes: dict[str, tuple[int, ...]], seed: int) -> None:
-    """A bf16 safetensors checkpoint written tensor by tensor, in chunks (this process never holds a whole model).
-
-    Matrices get random bf16 values of magnitude [2^-7, 2^-6) and random sign; vectors are ones.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape in shapes.items():
-        size = 2 * int(np.prod(shape))
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    rng = np.random.default_rng(seed)
-    with open(folder / "model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        for shape in shapes.values():
-            n = int(np.prod(shape))
-            if len(shape) == 1:
-                f.write(np.full(n, 0x3F80, np.uint16).tobytes())
-                continue
-            for start in range(0, n, 1 << 26):
-                bits = rng.integers(0, 1 << 16, min(1 << 26, n - start), dtype=np.uint16)
-                f.write(((bits & 0x807F) | 0x3C00).astype(np.uint16).tobytes())
+# An untied target (its own lm_head next to the embedding), so the export reads two vocabulary tables.
+TARGET_CONFIG = {**QWEN3_4B, "tie_word_embeddings": False}
 
 
 def io_floor(files: list[Path], out_bytes: int, scratch: Path) -> tuple[float, float]:
@@ -170,11 +87,11 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ovbuild-bench-export-"))
     formats = args.formats.split(",") if args.formats else list(supported_weight_formats())
     draft, target = work / "draft", work / "target"
-    if not (draft / "model.safetensors").exists():
+    if not (draft / "config.json").exists():
         print(f"writing checkpoints in {work} ...", flush=True)
-        write_checkpoint(draft, DRAFT_CONFIG, draft_shapes(), seed=1)
-        write_checkpoint(target, TARGET_CONFIG, target_shapes(), seed=0)
-    in_bytes = sum(p.stat().st_size for p in (draft / "model.safetensors", target / "model.safetensors"))
+        write_draft(draft)
+        write_target(target, TARGET_CONFIG, layers=False)
+    in_bytes = sum(p.stat().st_size for p in [*draft.glob("*.safetensors"), *target.glob("*.safetensors")])
     python = sys.executable
     _, base_rss = run_measured([python, "-c", "import ovbuild.cli, ovbuild.export, openvino"])
     rows = []
@@ -183,7 +100,7 @@ def main() -> None:
         cmd = [python, "-m", "ovbuild.cli", "export", "-m", str(draft), str(out), "--target-model", str(target)]
         wall, rss = run_measured([*cmd, "--weight-format", fmt, "--overwrite", "--quiet"])
         bin_bytes = (out / "openvino_model.bin").stat().st_size
-        read_s, write_s = io_floor([draft / "model.safetensors", target / "model.safetensors"], bin_bytes, work / "x")
+        read_s, write_s = io_floor([*draft.glob("*.safetensors"), *target.glob("*.safetensors")], bin_bytes, work / "x")
         compute = subprocess.run(
             [python, "-c", COMPUTE, str(draft), str(target), fmt], capture_output=True, text=True, check=True
         )
