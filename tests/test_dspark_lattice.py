@@ -17,7 +17,8 @@ from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.target import build_target
 from ovbuild.runtime.drafters import DraftItem, DSparkDrafter
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dspark import DSparkReference, confident_prefix, greedy_walk
+from ovbuild.runtime.reference.dflash2 import greedy_walk
+from ovbuild.runtime.reference.dspark import DSparkReference, confident_prefix
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import nmse

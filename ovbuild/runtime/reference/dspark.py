@@ -36,15 +36,6 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
 
 
-def greedy_walk(candidates: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """The lattice walk (not Viterbi): each row takes the best successor of the candidate chosen on the row before."""
-    tokens, previous = [], 0  # every predecessor of a first row is the anchor, so any index starts the walk
-    for j in range(len(candidates)):
-        previous = int(np.argmax(edges[j, previous]))
-        tokens.append(int(candidates[j, previous]))
-    return np.array(tokens, np.int64)
-
-
 class DSparkReference(DFlashReference):
     """A DSpark or DeepSpec DFlash draft: the backbone step, then the heads on its candidate rows."""
 
