@@ -17,13 +17,13 @@ from ovbuild.weights.safetensors_file import write_safetensors
 from ovbuild.weights.tensor import WeightTensor
 from ovbuild.weights.tensor_names import QWEN3_LAYER
 
-TINY_TARGET = dict(
-    architectures=["Qwen3ForCausalLM"],
+# What a Qwen3-style config.json of the tiny family says about geometry: GQA (2 KV heads for 4 query heads) and
+# head_dim 32, so heads * head_dim (128) != hidden_size (64), as in the published Qwen3 drafts.
+_TINY_GEOMETRY = dict(
     model_type="qwen3",
     vocab_size=320,
     hidden_size=64,
     intermediate_size=128,
-    num_hidden_layers=6,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,
@@ -34,33 +34,23 @@ TINY_TARGET = dict(
     rope_scaling=None,
     tie_word_embeddings=False,
     attention_bias=False,
-    attention_dropout=0.0,
     use_sliding_window=False,
     sliding_window=None,
+)
+TINY_TARGET = dict(
+    _TINY_GEOMETRY,
+    architectures=["Qwen3ForCausalLM"],
+    num_hidden_layers=6,
+    attention_dropout=0.0,
     layer_types=["full_attention"] * 6,
     bos_token_id=EOS_ID,
     eos_token_id=EOS_ID,
 )
 TINY_DRAFT = dict(
+    _TINY_GEOMETRY,
     architectures=["DFlashDraftModel"],
-    model_type="qwen3",
     auto_map={"AutoModel": "dflash.DFlashDraftModel"},
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=128,
     num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    hidden_act="silu",
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    rope_scaling=None,
-    tie_word_embeddings=False,
-    attention_bias=False,
-    use_sliding_window=False,
-    sliding_window=None,
     layer_types=["full_attention"] * 2,
     num_target_layers=6,
     dflash_config={"mask_token_id": MASK_ID, "target_layer_ids": [1, 3, 5], "block_size": 8},

@@ -10,26 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.testing.tiny import layer_shapes, random_tensor, write_checkpoint
+from ovbuild.testing.tiny import TINY_DRAFT, layer_shapes, random_tensor, write_checkpoint
 from ovbuild.testing.tokenizer import MASK_ID
 
 TINY_DFLASH2 = dict(
+    {k: v for k, v in TINY_DRAFT.items() if k not in ("rope_theta", "rope_scaling")},
     architectures=["DFlash2DraftModel"],
-    model_type="qwen3",
     auto_map={"AutoModel": "dflash.DFlash2DraftModel"},
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
     num_key_value_heads=1,
-    head_dim=32,
-    hidden_act="silu",
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    tie_word_embeddings=False,
-    attention_bias=False,
     is_causal=False,
     use_sliding_window=True,
     sliding_window=10,  # above the block size (8), below the context lengths the tests reach
