@@ -26,6 +26,10 @@ class BuildContext:
     # Model inputs by name that building blocks may read besides their tensor argument: the packed-row layout
     # (`token_type_ids`, `subsequence_begins`) for blocks that must keep each row inside its own block.
     inputs: dict[str, Output] = field(default_factory=dict)
+    # Drafts carry their residual stream on the block rows only (context rows just feed keys and values): the rows
+    # of the attention's packed axis that queries come from [Tq] i64, and the RoPE tables at those rows. None: all.
+    query_rows: Output | None = None
+    query_rope: RotaryTables | None = None
 
     # Weight nodes already built, by (checkpoint, tensor, scheme): a tied embedding and lm_head share one table.
     _matrices: dict[tuple, Output] = field(default_factory=dict)

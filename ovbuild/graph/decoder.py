@@ -14,15 +14,15 @@ import openvino.opset16 as ops
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.norm import rms_norm
 from ovbuild.graph.ops import Output, i64, named
-from ovbuild.graph.rope import apply_rope
+from ovbuild.graph.rope import RotaryTables, apply_rope
 
 
-def heads(ctx: BuildContext, x: Output, n: int, norm: str, path: str) -> Output:
-    """[T, n * D] -> per-head RMSNorm -> RoPE -> [T, n * D]."""
+def heads(ctx: BuildContext, x: Output, n: int, norm: str, path: str, rope: RotaryTables | None = None) -> Output:
+    """[T, n * D] -> per-head RMSNorm -> RoPE (the rows' tables, default all rows') -> [T, n * D]."""
     d = ctx.cfg.head_dim
     x = ops.reshape(x, i64([0, n, d]), True)  # [T, n, D]
     x = rms_norm(x, ctx.vector(norm, d), ctx.cfg.rms_norm_eps, f"{path}/norm")
-    x = apply_rope(x, ctx.rope, f"{path}/rope")
+    x = apply_rope(x, rope or ctx.rope, f"{path}/rope")
     return ops.reshape(x, i64([0, n * d]), True).output(0)  # [T, n * D]
 
 
@@ -33,10 +33,17 @@ def self_attention(
     kv_input: Output,
     token_type_ids: Output | None = None,
 ) -> Output:
-    """Queries from u [T, H], keys/values from kv_input [T, H] (u itself in the target) -> [T, H]."""
+    """Queries from u [Tq, H], keys/values from kv_input [T, H] (u itself in the target) -> [Tq, H].
+
+    Tq < T when ctx.query_rows says which rows of the packed axis u holds: their queries go to those rows of the
+    attention's [T, H * D] query input (zeros elsewhere) and only those rows of its output are read.
+    """
     cfg, p = ctx.cfg, f"layers.{i}.self_attn"
     h = cfg.hidden_size
-    q = heads(ctx, ctx.linear(u, f"{p}.q_proj", cfg.q_size, h), cfg.num_heads, f"{p}.q_norm", f"layers.{i}/q")
+    q_proj = ctx.linear(u, f"{p}.q_proj", cfg.q_size, h)
+    q = heads(ctx, q_proj, cfg.num_heads, f"{p}.q_norm", f"layers.{i}/q", ctx.query_rope)  # [Tq, H * D]
+    if ctx.query_rows is not None:
+        q = named(scatter_rows(q, ctx.query_rows, kv_input), f"layers.{i}/q/rows")  # [T, H * D]
     k = heads(
         ctx, ctx.linear(kv_input, f"{p}.k_proj", cfg.kv_size, h), cfg.num_kv_heads, f"{p}.k_norm", f"layers.{i}/k"
     )
@@ -52,7 +59,18 @@ def self_attention(
         token_type_ids=token_type_ids,
         path=f"layers.{i}/self_attn/attention",
     )
+    if ctx.query_rows is not None:
+        attn = named(ops.gather(attn, ctx.query_rows, i64(0)), f"layers.{i}/self_attn/query_rows")  # [Tq, H * D]
     return ctx.linear(attn, f"{p}.o_proj", h, cfg.q_size)
+
+
+def scatter_rows(values: Output, rows: Output, like: Output) -> Output:
+    """values [Tq, F] written at `rows` [Tq] of a zero [T, F], T being the row count of `like` [T, ...]."""
+    shape = ops.concat(
+        [ops.gather(ops.shape_of(like), i64([0]), i64(0)), ops.gather(ops.shape_of(values), i64([1]), i64(0))], 0
+    )  # [2]: T, F
+    zeros = ops.broadcast(ops.constant(np.float32(0)), shape)  # [T, F]
+    return ops.scatter_update(zeros, rows, values, i64(0)).output(0)
 
 
 def mlp(ctx: BuildContext, i: int, x: Output) -> Output:

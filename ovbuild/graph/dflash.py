@@ -19,7 +19,7 @@ from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import Output, const, i32, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
-from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.rope import RotaryTables, rotary_tables
 from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
@@ -31,7 +31,8 @@ def build_dflash_draft(
 ) -> ov.Model:
     """The paged draft IR; embedding and lm_head come from the draft when it carries them, else from `target`.
 
-    `layer(ctx, i, x, kv_input, token_type_ids)` builds one layer: families that wrap the Qwen3 layer pass theirs.
+    `layer(ctx, i, x, kv_input, token_type_ids)` builds one layer on the block rows x [Tb, H] (kv_input(u) gives the
+    [T, H] key/value source of every packed row): families that wrap the Qwen3 layer pass theirs.
     """
     input_ids = parameter("input_ids", [-1], ov.Type.i64)
     hidden_states = parameter("hidden_states", [-1, cfg.num_taps * cfg.target_hidden_size], ov.Type.f32)
@@ -48,18 +49,29 @@ def build_dflash_draft(
 
     fc = ctx.linear(hidden_states.output(0), "fc", cfg.hidden_size, cfg.num_taps * cfg.target_hidden_size)
     context = norm(ctx, fc, "hidden_norm")  # [T, H]
-    is_context = named(ops.unsqueeze(ops.equal(token_type_ids, i32(0)), i64([1])), "is_context_row")  # [T, 1]
+    # The residual stream lives on the block rows only: context rows feed keys and values, nothing reads the rest.
+    is_block = ops.equal(token_type_ids, i32(1))  # [T]
+    block_rows = named(ops.squeeze(ops.non_zero(is_block, "i64"), i64([0])), "block_rows")  # [1, Tb] -> [Tb]
+    ctx.query_rows = block_rows
+    ctx.query_rope = RotaryTables(
+        named(ops.gather(ctx.rope.cos, block_rows, i64(0)), "rope/block_cos"),  # [Tb, 1, D]
+        named(ops.gather(ctx.rope.sin, block_rows, i64(0)), "rope/block_sin"),
+    )
 
     def kv_input(u: Output) -> Output:
-        return named(ops.select(is_context, context, u), f"{u.get_node().get_friendly_name()}/kv_input")
+        """Each row's key/value source: the context feature, with the block rows' state u [Tb, H] written in."""
+        return named(ops.scatter_update(context, block_rows, u, i64(0)), f"{u.get_node().get_friendly_name()}/kv_input")
 
-    x = embedding(ctx, owner(draft, target, "embed_tokens"), input_ids.output(0))  # [T, H]
+    block_ids = named(ops.gather(input_ids, block_rows, i64(0)), "block_ids")  # [Tb]
+    x = embedding(ctx, owner(draft, target, "embed_tokens"), block_ids)  # [Tb, H]
     if cfg.input_embedding_scale != 1.0:
         x = named(ops.multiply(x, const(cfg.input_embedding_scale)), "embed_tokens/scale")
     for i in range(cfg.num_layers):
         tt = token_type_ids.output(0) if not cfg.layer_causal[i] else None
         x = layer(ctx, i, x, kv_input, tt)
-    picked = named(ops.gather(x, candidate_indices, i64(0)), "candidate_rows")  # [R, H]
+    # candidate_indices count packed rows; a block row's place among block rows is the block rows up to it, minus one
+    block_slot = ops.subtract(ops.cumsum(ops.convert(is_block, ov.Type.i64), i64(0)), i64(1))  # [T]
+    picked = named(ops.gather(x, ops.gather(block_slot, candidate_indices, i64(0)), i64(0)), "candidate_rows")  # [R, H]
     h = norm(ctx, picked, "norm")  # [R, H]
     logits = logit_transforms(cfg, lm_head(ctx, owner(draft, target, "lm_head"), h))
     params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]

@@ -41,6 +41,7 @@ class DFlash2Layer:
         cfg = self.cfg
         if self.masks is None:
             index = block_row_index(ctx.inputs["token_type_ids"], ctx.inputs["subsequence_begins"])  # [T]
+            index = ops.gather(index, ctx.query_rows, i64(0))  # [Tb]: x holds the block rows only
             self.masks = tap_masks(index, cfg.conv_kernel_size)
 
         def conv(name: str, u: Output) -> GroupedDynamicConv:

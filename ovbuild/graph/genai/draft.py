@@ -20,7 +20,7 @@ from ovbuild.graph.decoder import decoder_layer, norm
 from ovbuild.graph.dflash import draft_rt_info
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, const, i64, named, parameter, result
-from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.rope import RotaryTables, rotary_tables
 from ovbuild.graph.rt_info import set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
@@ -55,15 +55,22 @@ def build_genai_draft(cfg: DraftConfig, weights: WeightSource, policy: WeightPol
         "token_type_ids",
     )  # [C + Q]: 0 context, 1 block
 
-    def kv_input(u: Output) -> Output:
-        block_rows = ops.slice(u, n_ctx, i64([END]), i64([1]), i64([0]))  # [Q, H]
-        return named(ops.concat([context, block_rows], 0), f"{u.get_node().get_friendly_name()}/kv_input")
+    # The residual stream lives on the block rows only: context rows feed keys and values, nothing reads the rest.
+    first, end = ops.squeeze(n_ctx, i64(0)), ops.squeeze(ops.add(n_ctx, n_block), i64(0))  # [], []
+    block_rows = named(ops.range(first, end, i64(1), ov.Type.i64), "block_rows")  # [Q]: C .. C + Q - 1
+    ctx.query_rows = block_rows
+    ctx.query_rope = RotaryTables(
+        named(ops.gather(ctx.rope.cos, block_rows, i64(0)), "rope/block_cos"),  # [Q, 1, D]
+        named(ops.gather(ctx.rope.sin, block_rows, i64(0)), "rope/block_sin"),
+    )
 
-    # Context rows carry the context feature as a placeholder state: their queries are computed and dropped.
-    x = named(ops.concat([context, block], 0), "rows")  # [C + Q, H]
+    def kv_input(u: Output) -> Output:
+        return named(ops.concat([context, u], 0), f"{u.get_node().get_friendly_name()}/kv_input")  # [C + Q, H]
+
+    x = block  # [Q, H]
     for i in range(cfg.num_layers):
         x = decoder_layer(ctx, i, x, kv_input, None if cfg.layer_causal[i] else token_type_ids)
-    candidates = ops.slice(x, ops.add(n_ctx, i64([1])), i64([END]), i64([1]), i64([0]))  # [Q - 1, H]: seed dropped
+    candidates = ops.slice(x, i64([1]), i64([END]), i64([1]), i64([0]))  # [Q - 1, H]: seed dropped
     out = ops.unsqueeze(norm(ctx, candidates, "norm"), i64([0]))  # [1, Q - 1, H]
     params = [inputs_embeds, hidden_states, position_ids, attention_mask]
     model = ov.Model([result(out, "last_hidden_state")], attention.sinks, params, f"ovbuild_{cfg.family}_draft_genai")
