@@ -102,7 +102,9 @@ class BlockDrafter(Drafter):
             if block:
                 ids[first_block_row] = item.anchor
                 token_types[first_block_row : first_block_row + block] = 1
-                candidates.extend(range(first_block_row + self.candidate_offset, first_block_row + block))
+                # the whole block runs (its rows see each other), but only the rows wanted reach the lm_head
+                first = first_block_row + self.candidate_offset
+                candidates.extend(range(first, first + item.num_tokens))
             candidate_begins.append(len(candidates))
             start += r.num_rows
         inputs = {
