@@ -50,6 +50,7 @@ def target_pair(cfg_weights, taps=(1, 3, 5)):
 def test_target_matches_reference(target):
     model, ref = target_pair(target)
     out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
+    print(f"paged target vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('hidden_states'):.2e}")
     assert out.nmse("logits") < 1e-6, f"logits NMSE {out.nmse('logits'):.2e}"
     assert out.nmse("hidden_states") < 1e-6, f"hidden_states NMSE {out.nmse('hidden_states'):.2e}"
     for call in out.ir:
@@ -61,6 +62,7 @@ def test_draft_matches_reference(target, draft):
     dcfg, dweights = draft
     model = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32")
     out = run_draft(model, DFlashReference(dcfg, dweights, target[1]), DRAFT_SCHEDULE)
+    print(f"paged draft vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('last_hidden_state'):.2e}")
     assert out.nmse("logits") < 1e-6, f"logits NMSE {out.nmse('logits'):.2e}"
     assert out.nmse("last_hidden_state") < 1e-6, f"last_hidden_state NMSE {out.nmse('last_hidden_state'):.2e}"
 
@@ -84,6 +86,7 @@ def test_sliding_window_layers_match_reference(tmp_path):
     assert out.nmse("logits") < 1e-6, f"target logits NMSE {out.nmse('logits'):.2e}"
     dmodel = PagedModel(build_dflash_draft(d[0], d[1], t[1]), kv_cache_precision="f32")
     dout = run_draft(dmodel, DFlashReference(d[0], d[1], t[1]), DRAFT_SCHEDULE)
+    print(f"sliding window 6: target logits NMSE {out.nmse('logits'):.2e}, draft {dout.nmse('logits'):.2e}")
     assert dout.nmse("logits") < 1e-6, f"draft logits NMSE {dout.nmse('logits'):.2e}"
 
 

@@ -22,6 +22,9 @@ def test_incremental_decode_equals_full_recompute(target, draft):
     parts = [ref.forward(cache, chunk, taps_ids) for chunk in np.split(PROMPT, [9, 12, 13, 16])]
     logits = np.concatenate([p[0] for p in parts])
     taps = np.concatenate([p[1] for p in parts])
+    print(
+        f"incremental vs full recompute: logits NMSE {nmse(logits, full_logits):.1e}, taps {nmse(taps, full_taps):.1e}"
+    )
     assert nmse(logits, full_logits) < 1e-10, nmse(logits, full_logits)
     assert nmse(taps, full_taps) < 1e-10, nmse(taps, full_taps)
 
@@ -56,6 +59,7 @@ def test_draft_step_in_one_call_equals_context_then_block(target, draft):
     dref.forward(split, taps[:11], block[:0])
     dref.forward(split, taps[11:], block[:0])
     logits_split, hidden_split = dref.forward(split, taps[:0], block)
+    print(f"draft step in one call vs context then block: logits NMSE {nmse(logits_split, logits_one):.1e}")
     assert logits_one.shape == (dcfg.block_size - 1, dcfg.vocab_size)
     assert nmse(logits_split, logits_one) < 1e-10 and nmse(hidden_split, hidden_one) < 1e-10
     assert one.length == split.length == len(PROMPT)
@@ -85,6 +89,7 @@ def test_bf16_checkpoint_matches_f32_within_bf16_rounding(tiny_target, tiny_targ
         dlogits, _ = dref.step(dref.new_cache(), taps, int(PROMPT[-1]))
         results.append((logits, dlogits))
     (t32, d32), (t16, d16) = results
+    print(f"bf16 vs f32 checkpoint: target logits NMSE {nmse(t16, t32):.1e}, draft {nmse(d16, d32):.1e}")
     # bf16 keeps 8 mantissa bits: relative weight error ~2^-9, so the output NMSE sits near 1e-5
     assert 0 < nmse(t16, t32) < 1e-3, nmse(t16, t32)
     assert 0 < nmse(d16, d32) < 1e-3, nmse(d16, d32)
