@@ -248,3 +248,15 @@ def test_head_keeps_checkpoint_precision_unless_asked(tmp_path):
     assert codebook_types(build_markov_head(cfg, weights)) == {"bf16"}
     assert codebook_types(build_markov_head(cfg, weights, WeightPolicy("fp32"))) == {"f32"}
     assert codebook_types(build_markov_head(cfg, weights, WeightPolicy("fp16"))) == {"f16"}
+
+
+def test_gpu_compile_config_raises_the_activations_scale_factor(v2, target):
+    """Compiled on GPU, the v2 backbone gets at least the scale factor its rt_info asks for (no GPU needed here)."""
+    from ovbuild.runtime.paged_model import compile_config
+
+    _, cfg, weights, _, _ = v2
+    model = build_dflash2_draft(cfg, weights, target[1])
+    assert compile_config("f16", None, "GPU.0", model)["ACTIVATIONS_SCALE_FACTOR"] == "32.0"
+    model.set_rt_info("64", ["runtime_options", "ACTIVATIONS_SCALE_FACTOR"])
+    assert compile_config("f16", None, "GPU", model)["ACTIVATIONS_SCALE_FACTOR"] == "64.0"
+    assert "ACTIVATIONS_SCALE_FACTOR" not in compile_config("f16", None, "CPU", model)

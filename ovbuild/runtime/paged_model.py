@@ -7,13 +7,20 @@ import openvino as ov
 
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
+from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
 
 
-def compile_config(kv_cache_precision: str = "u8", inference_precision: str | None = None) -> dict[str, str]:
-    """Plugin properties. An f32 KV cache needs f32 inference (CPUs with bf16 units otherwise demand a bf16 cache)."""
+def compile_config(
+    kv_cache_precision: str = "u8",
+    inference_precision: str | None = None,
+    device: str = "CPU",
+    model: ov.Model | None = None,
+) -> dict[str, str]:
+    """Plugin properties. An f32 KV cache needs f32 inference (CPUs with bf16 units otherwise demand a bf16 cache);
+    on GPU, a model asking for a minimum ACTIVATIONS_SCALE_FACTOR (DFlash v2: fp16 overflows in its convs) gets it."""
     if kv_cache_precision not in KV_PRECISIONS:
         raise UnsupportedError(f"KV cache precision '{kv_cache_precision}' is not one of {', '.join(KV_PRECISIONS)}")
     config = {"KV_CACHE_PRECISION": kv_cache_precision}
@@ -21,6 +28,10 @@ def compile_config(kv_cache_precision: str = "u8", inference_precision: str | No
         inference_precision = "f32"
     if inference_precision:
         config["INFERENCE_PRECISION_HINT"] = inference_precision
+    minimum = get_rt_info(model, "dflash/gpu_min_activations_scale_factor") if model is not None else None
+    if device.upper().startswith("GPU") and minimum is not None:
+        own = get_rt_info(model, "runtime_options/ACTIVATIONS_SCALE_FACTOR", "0")
+        config["ACTIVATIONS_SCALE_FACTOR"] = str(max(float(own), float(minimum)))
     return config
 
 
@@ -37,7 +48,8 @@ class PagedModel:
         cache_mb: float = 256,
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes."""
-        self.compiled = core().compile_model(model, device, compile_config(kv_cache_precision, inference_precision))
+        config = compile_config(kv_cache_precision, inference_precision, device, model)
+        self.compiled = core().compile_model(model, device, config)
         self.request = self.compiled.create_infer_request()
         if num_blocks is None:
             num_blocks = max(1, int(cache_mb * 2**20 // block_bytes(self.compiled)))
