@@ -1,4 +1,4 @@
-"""Export of a draft shaped like z-lab/Qwen3-4B-DFlash-b16 in each weight format the policy supports, against the
+"""Export of a draft shaped like z-lab/Qwen3-4B-DFlash-b16 in each weight format, against the
 I/O floor measured in the same run.
 
 Writes random bf16 checkpoints (the draft, and a target holding only what a draft export reads: embedding, lm_head,
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ovbuild.export.weight_formats import supported_weight_formats
+from ovbuild.export.weight_formats import WEIGHT_FORMATS
 
 from shapes import QWEN3_4B, write_draft, write_target
 
@@ -81,11 +81,11 @@ def run_measured(argv: list[str]) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, help="where checkpoints and exports go (default: a temp folder)")
-    parser.add_argument("--formats", help="comma-separated weight formats (default: every one the policy supports)")
+    parser.add_argument("--formats", help="comma-separated weight formats (default: all)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ovbuild-bench-export-"))
-    formats = args.formats.split(",") if args.formats else list(supported_weight_formats())
+    formats = args.formats.split(",") if args.formats else list(WEIGHT_FORMATS)
     draft, target = work / "draft", work / "target"
     if not (draft / "config.json").exists():
         print(f"writing checkpoints in {work} ...", flush=True)

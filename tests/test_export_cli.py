@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from ovbuild import __version__
 from ovbuild.export.inspection import constants, flatten
-from ovbuild.export.weight_formats import WEIGHT_FORMATS, supports
+from ovbuild.export.weight_formats import WEIGHT_FORMATS
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import core, read_ir
 from ovbuild.graph.rt_info import get_rt_info
@@ -121,25 +121,20 @@ def test_draft_folder_holds_config_and_provenance(exports, tiny_draft, tiny_targ
 
 
 def test_default_weight_formats(tmp_path, capsys, tiny_draft, tiny_target):
-    """Targets keep the checkpoint precision; drafts take int8 once the weight policy supports it."""
+    """Targets keep the checkpoint precision; drafts take int8."""
     ovbuild(capsys, "export", "-m", tiny_draft, tmp_path / "draft", "--target-model", tiny_target)
     ovbuild(capsys, "export", "-m", tiny_target, tmp_path / "target")
-    expected = {"draft": "int8" if supports("int8") else "keep", "target": "keep"}
+    expected = {"draft": "int8", "target": "keep"}
     for kind, fmt in expected.items():
         assert flatten(read_ir(tmp_path / kind).get_rt_info())["ovbuild/weight_format"] == fmt, kind
 
 
 @pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
 def test_every_weight_format(tmp_path, capsys, fmt, tiny_draft_bf16, tiny_target, target):
-    """A bf16 draft with an f32 target: supported formats store matrices as asked and stay within their NMSE band;
-    formats the weight policy does not support yet fail cleanly."""
+    """A bf16 draft with an f32 target: every format stores matrices as asked and stays within its NMSE band."""
     out = tmp_path / "out"
     options = ["--weight-format", fmt, *(["--group-size", "32"] if fmt == "int4" else [])]  # groups must divide 64
     run = ovbuild(capsys, "export", "-m", tiny_draft_bf16, out, "--target-model", tiny_target, *options)
-    if not supports(fmt):
-        assert_clean_error(run, f"weight format '{fmt}'")
-        assert list(tmp_path.iterdir()) == []
-        return
     assert run.code == 0, run.err
     model = read_ir(out)
     stored = constants(model)

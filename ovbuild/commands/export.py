@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--weight-format",
         choices=WEIGHT_FORMATS,
-        help=f"keep = checkpoint precision (default now: targets {default_weight_format('target')}, drafts "
+        help=f"keep = checkpoint precision (default: targets {default_weight_format('target')}, drafts "
         f"{default_weight_format('draft')})",
     )
     p.add_argument("--sym", action="store_true", default=None, help="int8/int4: symmetric quantization")
