@@ -33,6 +33,12 @@ Reproduce everything (about 55 minutes on 2 CPU cores)::
 
 from __future__ import annotations
 
+import os
+
+# The machine is shared: busy-waiting OpenMP threads make 2-thread torch up to 10x slower than 1 thread whenever
+# another process holds a core. Passive waiting must be chosen before torch (and its OpenMP runtime) loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import hashlib
 import json
@@ -234,11 +240,19 @@ class Attention(nn.Module):
         return k.transpose(1, 2), self.v_proj(h).unflatten(-1, shape).transpose(1, 2)
 
     def output(self, q, k, v, mask):
-        """GQA softmax(q k^T / sqrt(D) + mask) v, then o_proj. mask: bool, True = visible (or None: all)."""
-        rep = self.g.num_attention_heads // self.g.num_key_value_heads
-        k, v = k.repeat_interleave(rep, dim=1).to(q.dtype), v.repeat_interleave(rep, dim=1).to(q.dtype)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.g.head_dim**-0.5)
-        return self.o_proj(o.transpose(1, 2).flatten(2))
+        """softmax(q k^T / sqrt(D) + mask) v, then o_proj. mask: bool [..., Sq, Sk], True = visible, or None.
+
+        GQA without copying keys/values: query head h uses KV head h // rep, so the rep query heads of one KV head
+        are stacked along the query axis ([B, nKV, rep*Sq, D]) and the mask is repeated to match.
+        """
+        b, nh, s, d = q.shape
+        nkv = k.shape[1]
+        rep = nh // nkv
+        if mask is not None:
+            mask = mask.repeat(*([1] * (mask.dim() - 2)), rep, 1)
+        q = q.reshape(b, nkv, rep * s, d)
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=d**-0.5)
+        return self.o_proj(o.view(b, nh, s, d).transpose(1, 2).flatten(2))
 
 
 class MLP(nn.Module):
@@ -282,22 +296,23 @@ class DecoderLayer(nn.Module):
 
 
 class KVCache:
-    def __init__(self, layers: int):
+    """Per-layer keys/values [B, nKV, capacity, D], preallocated; the first `length` positions are valid."""
+
+    def __init__(self, layers: int, capacity: int = 512):
         self.k: list = [None] * layers
         self.v: list = [None] * layers
+        self.capacity = capacity
+        self.length = 0
 
-    def __len__(self) -> int:
-        return 0 if self.k[0] is None else self.k[0].shape[2]
-
-    def extend(self, i, k, v):
-        if self.k[i] is not None:
-            k, v = torch.cat([self.k[i], k], dim=2), torch.cat([self.v[i], v], dim=2)
-        self.k[i], self.v[i] = k, v
-        return k, v
-
-    def crop(self, n: int) -> None:
-        self.k = [k[:, :, :n] for k in self.k]
-        self.v = [v[:, :, :n] for v in self.v]
+    def extend(self, i: int, k, v):
+        """Writes k, v at positions length.. of layer i; returns all valid keys/values including them."""
+        if self.k[i] is None:
+            self.k[i] = k.new_zeros(*k.shape[:2], self.capacity, k.shape[3])
+            self.v[i] = v.new_zeros(*v.shape[:2], self.capacity, v.shape[3])
+        end = self.length + k.shape[2]
+        self.k[i][:, :, self.length : end] = k
+        self.v[i][:, :, self.length : end] = v
+        return self.k[i][:, :, :end], self.v[i][:, :, :end]
 
 
 class Target(nn.Module):
@@ -311,8 +326,8 @@ class Target(nn.Module):
         self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
 
     def forward(self, ids, cache: KVCache | None = None, taps: tuple[int, ...] = ()):
-        """ids [B, S] at positions len(cache).. -> (logits [B, S, V], concatenated tapped layer outputs or None)."""
-        past = len(cache) if cache is not None else 0
+        """ids [B, S] at positions cache.length.. -> (logits [B, S, V], concatenated tapped layer outputs or None)."""
+        past = cache.length if cache is not None else 0
         s = ids.shape[1]
         dtype = self.embed_tokens.weight.dtype
         cos, sin = rope_tables(torch.arange(past, past + s), self.g.head_dim, self.g.rope_theta, dtype)
@@ -323,6 +338,8 @@ class Target(nn.Module):
             x = layer(x, cos, sin, mask, cache, i)
             if i in taps:
                 tapped.append(x)
+        if cache is not None:
+            cache.length += s
         logits = self.norm(x) @ self.embed_tokens.weight.T.to(x.dtype)
         return logits, (torch.cat(tapped, dim=-1) if taps else None)
 
@@ -560,7 +577,7 @@ def stage_target(args) -> None:
 @torch.no_grad()
 def greedy_batch(target: Target, prompts, new_tokens: int):
     """Greedy continuation of equally long prompts [B, P] -> [B, P + new_tokens] (KV cache, float32)."""
-    cache = KVCache(target.g.num_hidden_layers)
+    cache = KVCache(target.g.num_hidden_layers, prompts.shape[1] + new_tokens)
     logits, _ = target(prompts, cache)
     out = [prompts, logits[:, -1].argmax(-1, keepdim=True)]
     for _ in range(new_tokens - 1):
@@ -809,7 +826,7 @@ def speculative_generate(target, draft, dflash: dict, prompt: list[int], k: int,
         out += [*candidates[:a], verified[a]]
         ctx = torch.cat([ctx, new_taps[0, : a + 1]])
         start += a + 1
-        cache.crop(start)
+        cache.length = start
         accepted.append(a)
     return truncate(out[len(prompt) :], max_new, eos), accepted
 
@@ -864,7 +881,7 @@ def decode_timings(target: Target, draft: Draft, dflash: dict, prompt: list[int]
     t0 = time.perf_counter()
     for _ in range(20):
         target(torch.tensor([prompt[:block]]), cache, taps)
-        cache.crop(len(prompt))
+        cache.length = len(prompt)
     verify = (time.perf_counter() - t0) / 20
     t0 = time.perf_counter()
     for _ in range(20):
@@ -935,16 +952,16 @@ def parse_args(argv=None):
     g.add_argument("--block-size", type=int, default=8)
     t = p.add_argument_group("training")
     t.add_argument("--seq-len", type=int, default=256)
-    t.add_argument("--target-steps", type=int, default=3000)
+    t.add_argument("--target-steps", type=int, default=600)
     t.add_argument("--target-batch", type=int, default=32)
     t.add_argument("--target-lr", type=float, default=2e-3)
-    t.add_argument("--distill-seqs", type=int, default=6144)
+    t.add_argument("--distill-seqs", type=int, default=4096)
     t.add_argument("--prompt-len", type=int, default=96)
     t.add_argument("--gen-len", type=int, default=160)
     t.add_argument("--gen-batch", type=int, default=128)
-    t.add_argument("--draft-steps", type=int, default=3000)
+    t.add_argument("--draft-steps", type=int, default=1500)
     t.add_argument("--draft-batch", type=int, default=8)
-    t.add_argument("--anchors", type=int, default=48, help="anchors per sequence per step")
+    t.add_argument("--anchors", type=int, default=64, help="anchors per sequence per step")
     t.add_argument("--loss-decay", type=float, default=4.0, help="row j weighted exp(-(j-1)/decay)")
     t.add_argument("--draft-lr", type=float, default=2e-3)
     e = p.add_argument_group("evaluation")
