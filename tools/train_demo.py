@@ -865,7 +865,8 @@ def eval_prompts(args, tok) -> list[list[int]]:
 
 def acceptance_summary(accepted: list[int], k: int) -> dict:
     hist = np.bincount(accepted, minlength=k + 1).tolist()
-    return {"steps": len(accepted), "mean_acceptance_length": 1 + float(np.mean(accepted)), "histogram": hist}
+    mean = 1 + float(np.mean(accepted)) if accepted else None
+    return {"steps": len(accepted), "mean_acceptance_length": mean, "histogram": hist}
 
 
 @torch.no_grad()
@@ -898,10 +899,10 @@ def stage_eval(args) -> None:
     tok = load_tokenizer(args.out / "target")
     eos = tok.token_to_id(EOS)
     target, (draft, dflash) = load_target(args.out), load_draft(args.out)
-    timings = decode_timings(target, draft, dflash, eval_prompts(args, tok)[0], args.block_size)
+    prompts = eval_prompts(args, tok)
+    timings = decode_timings(target, draft, dflash, prompts[0], args.block_size)
     log("float32 timings: " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
     target, draft = target.double(), draft.double()
-    prompts = eval_prompts(args, tok)
     greedy = [greedy_generate(target, p, args.eval_new, eos) for p in prompts]
     kept = [i for i, g in enumerate(greedy) if not loops(g, args.loop_ngram)]
     log(f"eval: {len(prompts)} prompts, {len(kept)} whose greedy continuation has no repeated {args.loop_ngram}-gram")
