@@ -630,28 +630,31 @@ def stage_distill(args) -> None:
 # ------------------------------------------------------------------------------------------------------------- draft
 
 
-def block_layout(anchors, block: int, ctx_len: int, seq_len: int):
+def block_layout(anchors, lengths, block: int, ctx_len: int, seq_len: int):
     """Positions, loss labels index and mask of the batched training forward.
 
-    anchors [B, m] (positions). Block rows are [anchor, mask x (block-1)] at anchor..anchor+block-1. Keys are
-    [context rows 0..ctx_len-1 ; all block rows]; a block row sees the context rows before its anchor and every
-    row of its own block (no mask inside the block). Returns block_pos [B, m*block], label_pos (clamped) and
-    valid [B, m*block] (rows 1.. whose position lies inside the sequence), mask [B, 1, m*block, ctx_len+m*block].
+    anchors [B, m] (positions), lengths [B, m] in 2..block. Each anchor gets `block` rows [anchor, mask x (block-1)]
+    at anchor..anchor+block-1, of which the first `length` exist (a runtime block of num_assistant_tokens + 1 rows);
+    the others are padding that no row attends to. Keys are [context rows 0..ctx_len-1 ; all block rows]; a row sees
+    the context rows before its anchor and every existing row of its own block (no mask inside the block).
+    Returns block_pos [B, m*block], label_pos (clamped), valid [B, m*block] (existing rows 1.. inside the sequence)
+    and mask [B, 1, m*block, ctx_len+m*block].
     """
-    b, m = anchors.shape
+    m = anchors.shape[1]
     offset = torch.arange(block)
     block_pos = (anchors[:, :, None] + offset).flatten(1)
-    valid = (offset > 0) & (block_pos.view(b, m, block) < seq_len)
+    exists = (offset < lengths[:, :, None]).flatten(1)
+    valid = exists & (offset > 0).repeat(m) & (block_pos < seq_len)
     row_block = torch.arange(m).repeat_interleave(block)
     ctx_visible = torch.arange(ctx_len)[None, None, :] < anchors.repeat_interleave(block, dim=1)[:, :, None]
-    same_block = (row_block[:, None] == row_block[None, :]).expand(b, -1, -1)
+    same_block = (row_block[:, None] == row_block[None, :])[None] & exists[:, None, :]
     mask = torch.cat([ctx_visible, same_block], dim=2)[:, None]
-    return block_pos, block_pos.clamp(max=seq_len - 1), valid.flatten(1), mask
+    return block_pos, block_pos.clamp(max=seq_len - 1), valid, mask
 
 
-def draft_train_logits(draft: Draft, embed, taps, tokens, anchors, block: int, mask_id: int):
+def draft_train_logits(draft: Draft, embed, taps, tokens, anchors, lengths, block: int, mask_id: int):
     """Batched training forward: logits [B, m*block, V] for all anchors of all sequences in one pass."""
-    block_pos, label_pos, valid, mask = block_layout(anchors, block, taps.shape[1], tokens.shape[1])
+    block_pos, label_pos, valid, mask = block_layout(anchors, lengths, block, taps.shape[1], tokens.shape[1])
     ids = torch.full_like(block_pos, mask_id)
     ids[:, ::block] = tokens.gather(1, anchors)
     hidden = draft(embed[ids], taps, block_pos, mask)
@@ -698,15 +701,15 @@ def check_models(target: Target, draft: Draft, tokens, taps: list[int], block: i
     seq = tokens.shape[1]
     embed = target.embed_tokens.weight
     anchors = torch.tensor([[1, 5, seq - 3, 9, seq // 2], [seq - 1, 2, 12, 3, seq - block]])
-    logits, _, valid = draft_train_logits(draft, embed, full_taps, tokens, anchors, block, mask_id)
+    lengths = torch.tensor([[block, 4, block, 2, block - 1], [block, 3, block, 5, block]])
+    logits, _, _ = draft_train_logits(draft, embed, full_taps, tokens, anchors, lengths, block, mask_id)
     draft_diff = 0.0
-    for b, row in enumerate(anchors.tolist()):
-        for i, a in enumerate(row):
-            ref = draft_block_reference(draft, embed, tokens[b, a].item(), mask_id, full_taps[b, :a], block)
-            batched = logits[b, i * block + 1 : (i + 1) * block]
-            rows = valid[b, i * block + 1 : (i + 1) * block]
-            draft_diff = max(draft_diff, (ref - batched)[rows].abs().max().item() if rows.any() else 0.0)
-            assert (ref - batched).abs().max().item() < 1e-5, f"anchor {a}: batched draft forward != reference"
+    for b, (row, row_lengths) in enumerate(zip(anchors.tolist(), lengths.tolist(), strict=True)):
+        for i, (a, n) in enumerate(zip(row, row_lengths, strict=True)):
+            ref = draft_block_reference(draft, embed, tokens[b, a].item(), mask_id, full_taps[b, :a], n)
+            diff = (ref - logits[b, i * block + 1 : i * block + n]).abs().max().item()
+            assert diff < 1e-5, f"anchor {a}, block {n}: batched draft forward != reference ({diff})"
+            draft_diff = max(draft_diff, diff)
     target.float(), draft.float()
     log(f"check: cached target max|diff| {target_diff:.2e}; batched vs one-block draft max|diff| {draft_diff:.2e}")
     return {"target_cache_max_abs_diff": target_diff, "draft_batched_vs_reference_max_abs_diff": draft_diff}
@@ -762,8 +765,10 @@ def stage_draft(args) -> None:
     optimizer = make_optimizer(draft, args.draft_lr, 0.01)
     order = torch.randperm(n - n_val, generator=gen)
 
-    def loss_and_acc(idx, anchors):
-        logits, labels, valid = draft_train_logits(draft, embed, batch_taps(idx), tokens[idx], anchors, block, mask_id)
+    def loss_and_acc(idx, anchors, lengths):
+        logits, labels, valid = draft_train_logits(
+            draft, embed, batch_taps(idx), tokens[idx], anchors, lengths, block, mask_id
+        )
         ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view_as(labels)
         w = weights * valid
         acc = ((logits.argmax(-1) == labels) & valid).view(len(idx), -1, block).float().sum((0, 1))
@@ -774,13 +779,15 @@ def stage_draft(args) -> None:
         idx = order[first : first + args.draft_batch]
         score = torch.rand(len(idx), seq - 1 - prompt_len, generator=gen)
         anchors = prompt_len + score.topk(args.anchors, dim=1).indices.sort(dim=1).values
-        return loss_and_acc(idx, anchors)[0]
+        lengths = torch.randint(2, block + 1, anchors.shape, generator=gen)  # any num_assistant_tokens 1..block-1
+        return loss_and_acc(idx, anchors, lengths)[0]
 
     @torch.no_grad()
     def evaluate():
         draft.eval()
-        loss, acc = zip(*(loss_and_acc(val_idx[i : i + 8], val_anchors[i : i + 8]) for i in range(0, n_val, 8)),
-                        strict=True)  # fmt: skip
+        full = torch.full((8, args.anchors), block)
+        loss, acc = zip(*(loss_and_acc(val_idx[i : i + 8], val_anchors[i : i + 8], full[: len(val_idx[i : i + 8])])
+                          for i in range(0, n_val, 8)), strict=True)  # fmt: skip
         draft.train()
         acc = torch.stack(acc).mean(0)
         return {"heldout_loss": float(torch.stack(loss).mean()), "acc_row1": acc[0].item(), "acc_row7": acc[-1].item()}
@@ -843,8 +850,8 @@ def loops(tokens: list[int], n: int) -> bool:
 
 
 def eval_prompts(args, tok) -> list[list[int]]:
-    """Prompts = the first eval_prompt_len tokens from a def/class line of a held-out file, at most 3 per file,
-    spread evenly over all such lines (sorted by file and line)."""
+    """Prompts = the first eval_prompt_len tokens from a def/class line of a held-out file, at most eval_per_file per
+    file, spread evenly over all such lines (sorted by file and line)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     starts = []
     for rel in read_json(args.work / "heldout_files.json"):
@@ -853,7 +860,7 @@ def eval_prompts(args, tok) -> list[list[int]]:
     chosen, per_file = [], Counter()
     for i in np.linspace(0, len(starts) - 1, 4 * args.eval_prompts).round().astype(int):
         rel, offset = starts[i]
-        if per_file[rel] < 3 and (rel, offset) not in chosen:
+        if per_file[rel] < args.eval_per_file and (rel, offset) not in chosen:
             chosen.append((rel, offset))
             per_file[rel] += 1
     prompts = []
@@ -956,17 +963,18 @@ def parse_args(argv=None):
     t.add_argument("--target-steps", type=int, default=600)
     t.add_argument("--target-batch", type=int, default=32)
     t.add_argument("--target-lr", type=float, default=2e-3)
-    t.add_argument("--distill-seqs", type=int, default=3072)
+    t.add_argument("--distill-seqs", type=int, default=6144)
     t.add_argument("--prompt-len", type=int, default=96)
     t.add_argument("--gen-len", type=int, default=160)
     t.add_argument("--gen-batch", type=int, default=128)
-    t.add_argument("--draft-steps", type=int, default=900)
+    t.add_argument("--draft-steps", type=int, default=2000)
     t.add_argument("--draft-batch", type=int, default=8)
     t.add_argument("--anchors", type=int, default=64, help="anchors per sequence per step")
     t.add_argument("--loss-decay", type=float, default=4.0, help="row j weighted exp(-(j-1)/decay)")
     t.add_argument("--draft-lr", type=float, default=2e-3)
     e = p.add_argument_group("evaluation")
-    e.add_argument("--eval-prompts", type=int, default=48)
+    e.add_argument("--eval-prompts", type=int, default=96)
+    e.add_argument("--eval-per-file", type=int, default=12)
     e.add_argument("--eval-prompt-len", type=int, default=64)
     e.add_argument("--eval-new", type=int, default=128)
     e.add_argument("--loop-ngram", type=int, default=16, help="a repeated n-gram marks a looping continuation")
