@@ -17,8 +17,9 @@ Stages (each re-runnable on its own; later stages read what earlier ones wrote):
 * ``distill``: the target's greedy continuations of prompts sampled from the training stream, plus its tapped
   hidden states (outputs of ``target_layer_ids``) for every position; stored in the work directory.
 * ``draft``: a 2-layer DFlash v1 draft trained on those continuations, many anchors per sequence in one pass with
-  a block-sparse mask, cross-entropy against the target's greedy tokens, row j weighted exp(-(j-1)/4); written
-  bf16 to ``<out>/draft`` (no embed_tokens, no lm_head: the draft uses the target's).
+  a block-sparse mask, each anchor with a block length drawn from 2..block_size (runtimes draft
+  num_assistant_tokens + 1 rows), cross-entropy against the target's greedy tokens, row j weighted exp(-(j-1)/4);
+  written bf16 to ``<out>/draft`` (no embed_tokens, no lm_head: the draft uses the target's).
 * ``eval``: greedy speculative decoding (section 3.4) on held-out prompts, in float64 from the shipped bf16
   weights; reports acceptance per num_assistant_tokens and asserts it reproduces plain greedy decoding.
 
@@ -26,7 +27,7 @@ Stages (each re-runnable on its own; later stages read what earlier ones wrote):
 training-time draft forward equals a direct one-block implementation of section 3.3 for every anchor. The ``draft``
 stage runs the same checks on the real target before training.
 
-Reproduce everything (about 55 minutes on 2 CPU cores)::
+Reproduce everything (about 50 minutes on 2 idle CPU cores; see docs/demo_training.md)::
 
     python tools/train_demo.py
 """
