@@ -93,6 +93,14 @@ class RunMetrics:
             for i, v in enumerate(part):
                 totals[i] += v
 
+    def merge(self, other: RunMetrics) -> None:
+        """Fold another run's totals into these (runs one after the other: times add up)."""
+        self.add(other.requests)
+        self.steps += other.steps
+        self.target_infer_s += other.target_infer_s
+        self.draft_infer_s += other.draft_infer_s
+        self.wall_s += other.wall_s
+
     @property
     def host_s(self) -> float:
         """Time outside the two inference calls: scheduling, input packing, verification (Python)."""

@@ -58,7 +58,8 @@ class PagedModel:
 
     def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One packed call: rows say which sequences are in it and where they stand; returns every output."""
-        self.request.infer({**inputs, **self.cache.layout(rows)})
+        # shared, not copied: inputs live until the call returns, outputs are read before the next call
+        self.request.infer({**inputs, **self.cache.layout(rows)}, share_inputs=True, share_outputs=True)
         return {name: self.request.get_tensor(name).data for name in self.output_names}
 
     def free(self, seq_id: int) -> None:
