@@ -8,12 +8,11 @@ x ─ input_layernorm ─ u ─┬─ q_proj ─ q_norm ─ rope ─────
 from __future__ import annotations
 
 import numpy as np
-import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.norm import rms_norm
-from ovbuild.graph.ops import Output, i64, named
+from ovbuild.graph.ops import Output, argmax, i64, named
 from ovbuild.graph.rope import RotaryTables, apply_rope
 
 
@@ -119,5 +118,4 @@ def lm_head(ctx: BuildContext, source, h: Output, name: str = "lm_head") -> Outp
 
 def greedy_ids(logits: Output, path: str = "logits/argmax") -> Output:
     """Argmax over the vocabulary inside the graph: logits [R, V] -> [R] i64, so the host never scans logits."""
-    top = ops.topk(logits, ops.constant(np.array(1, np.int64)), -1, "max", "none", ov.Type.i64)
-    return named(ops.squeeze(top.output(1), i64([1])), path)
+    return argmax(logits, path)

@@ -19,7 +19,7 @@ import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ops import Output, i64, named, parameter, result
+from ovbuild.graph.ops import Output, argmax, i64, named, parameter, result
 from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy, f32_constant
 from ovbuild.weights.families.dspark import DSparkConfig
@@ -136,8 +136,7 @@ def greedy_chain(head: MarkovHead, steps: int) -> dict[str, Output]:
         if head.with_confidence:
             confidences.append(head.confidence(h, e, f"{p}/confidence"))
         scores = ops.add(ops.gather(logits, clamped, i64(0)), head.bias(head.gate(e, h, f"{p}/gate"), f"{p}/bias"))
-        best = ops.topk(scores, i64(1), -1, "max", "value", index_element_type=ov.Type.i64, stable=True)
-        previous = named(ops.squeeze(best.output(1), i64([1])), f"{p}/token")  # [S]
+        previous = argmax(scores, f"{p}/token")  # [S]
         tokens.append(previous)
         slots.append(ops.select(ops.less(i64([k]), counts), rows, num_rows))  # [S]: a row of its own, or slot R
     slots = named(ops.concat(slots, 0), "markov_chain/slots")  # [steps * S]

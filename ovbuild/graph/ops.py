@@ -43,3 +43,19 @@ def result(value: Output, name: str) -> ov.Node:
     r.set_friendly_name(name)
     r.output(0).set_names({name})
     return r
+
+
+def argmax(x: Output, path: str) -> Output:
+    """Index of the largest value of each row, the first one on ties (as numpy): x [R, V] -> [R] i64.
+
+    Four single-pass kernels instead of TopK(k=1): inside the demo draft's graph TopK took 0.54 of a 1.55 ms call
+    (1.00 ms without it), and a stable TopK (numpy's tie rule) costs 93 ms on [8, 151936] (bench/bench_argmax.py).
+    """
+    top = ops.reduce_max(x, i64([-1]), True)  # [R, 1]
+    vocab = ops.gather(ops.shape_of(x, ov.Type.i64), i64(-1), i64(0))  # []
+    columns = ops.range(i64(0), vocab, i64(1), ov.Type.i64)  # [V]
+    index = ops.select(ops.equal(x, top), columns, vocab)  # [R, V]: own column where the max is, V elsewhere
+    first = ops.reduce_min(index, i64([-1]), False)  # [R]
+    # A row of -inf (or NaN) matches nowhere, as the CPU's ReduceMax starts from the lowest finite value: index 0
+    # then, like numpy for -inf, instead of V, which is no token.
+    return named(ops.floor_mod(first, vocab), path)

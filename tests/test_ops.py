@@ -1,0 +1,25 @@
+"""Small graph helpers that every builder relies on."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.graph.ops import argmax
+
+
+def test_argmax_equals_numpy_with_ties_at_both_ends():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((9, 37)).astype(np.float32)
+    x[0, [0, 5, 36]] = 10.0  # ties: numpy keeps the first index
+    x[1, [3, 36]] = 10.0
+    x[2, :] = -1.0  # a constant row: index 0
+    x[3, 36] = np.inf
+    x[4, :] = -np.inf
+    x[5, [2, 4]] = np.inf
+    p = ops.parameter([-1, 37], ov.Type.f32)
+    compiled = ov.Core().compile_model(ov.Model([argmax(p.output(0), "argmax")], [p]), "CPU")
+    got = compiled([x])[0]
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, x.argmax(-1))
