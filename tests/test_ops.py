@@ -23,3 +23,16 @@ def test_argmax_equals_numpy_with_ties_at_both_ends():
     got = compiled([x])[0]
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, x.argmax(-1))
+
+
+def test_argmax_points_at_a_maximum_under_bf16_inference():
+    """With bf16 math the plugin may lower the logits' precision; the argmax must still pick a largest logit."""
+    rng = np.random.default_rng(1)
+    h = ops.parameter([-1, 64], ov.Type.f32)
+    w = ops.constant(rng.standard_normal((64, 4096)).astype(np.float32))
+    logits = ops.matmul(h, w, False, False)
+    model = ov.Model([logits.output(0), argmax(logits.output(0), "argmax")], [h])
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+    out = compiled([rng.standard_normal((16, 64)).astype(np.float32)])
+    values, ids = out[0], out[1]
+    np.testing.assert_array_equal(values[np.arange(16), ids], values.max(-1))
