@@ -7,6 +7,7 @@ three target taps (the last target layer among them, to exercise its post-norm t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -127,17 +128,27 @@ def write_tiny_dflash(
     """A random z-lab-layout DFlash v1 draft (no embed_tokens, no lm_head) for the tiny target."""
     cfg = {**TINY_DRAFT, **overrides}
     rng = np.random.default_rng(seed)
-    h = cfg["hidden_size"]
     taps = len(cfg["dflash_config"]["target_layer_ids"])
-    tensors = {
-        "fc.weight": random_tensor(rng, (h, taps * target_hidden_size)),
-        "hidden_norm.weight": random_tensor(rng, (h,)),
-    }
+    return write_checkpoint(folder, cfg, draft_backbone_tensors(rng, cfg, taps * target_hidden_size), dtype)
+
+
+def draft_backbone_tensors(
+    rng: np.random.Generator,
+    cfg: dict,
+    fc_inputs: int,
+    layer_extras: Callable[[int], dict[str, np.ndarray]] | None = None,
+) -> dict[str, np.ndarray]:
+    """The tensors every DFlash-family draft has (fc, hidden_norm, decoder layers, norm), drawn in file order;
+    `layer_extras(i)` adds a family's own tensors of layer i right after its standard ones."""
+    h = cfg["hidden_size"]
+    tensors = {"fc.weight": random_tensor(rng, (h, fc_inputs)), "hidden_norm.weight": random_tensor(rng, (h,))}
     for i in range(cfg["num_hidden_layers"]):
         for name, shape in layer_shapes(cfg).items():
             tensors[f"layers.{i}.{name}.weight"] = random_tensor(rng, shape)
+        if layer_extras is not None:
+            tensors.update(layer_extras(i))
     tensors["norm.weight"] = random_tensor(rng, (h,))
-    return write_checkpoint(folder, cfg, tensors, dtype)
+    return tensors
 
 
 def _cast(a: np.ndarray, dtype: str) -> np.ndarray:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.testing.tiny import TINY_DRAFT, layer_shapes, random_tensor, write_checkpoint
+from ovbuild.testing.tiny import TINY_DRAFT, draft_backbone_tensors, random_tensor, write_checkpoint
 from ovbuild.testing.tokenizer import MASK_ID
 
 TINY_DFLASH2 = dict(
@@ -49,17 +49,15 @@ def write_tiny_dflash2(
     h, v = cfg["hidden_size"], cfg["vocab_size"]
     k, groups, rank = nested["conv_kernel_size"], h // nested["conv_group_size"], nested["selector_rank"]
     taps = len(nested["target_layer_ids"])
-    tensors = {
-        "fc.weight": random_tensor(rng, (h, taps * target_hidden_size)),
-        "hidden_norm.weight": random_tensor(rng, (h,)),
-    }
-    for i in range(cfg["num_hidden_layers"]):
-        for name, shape in layer_shapes(cfg).items():
-            tensors[f"layers.{i}.{name}.weight"] = random_tensor(rng, shape)
+
+    def convs(i: int) -> dict[str, np.ndarray]:
+        tensors = {}
         for conv in ("attention_conv", "mlp_conv"):
             tensors[f"layers.{i}.{conv}.base_kernel"] = _base_kernel(rng, k, h)
             tensors[f"layers.{i}.{conv}.kernel_projection.weight"] = 0.5 * random_tensor(rng, (2 * k * groups, h))
-    tensors["norm.weight"] = random_tensor(rng, (h,))
+        return tensors
+
+    tensors = draft_backbone_tensors(rng, cfg, taps * target_hidden_size, convs)
     tensors["candidate_selector.hidden_projection.weight"] = random_tensor(rng, (rank, h))
     for book in ("predecessor_codebook", "successor_codebook"):
         tensors[f"candidate_selector.{book}"] = (0.5 * rng.standard_normal((v, rank))).astype(np.float32)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.testing.tiny import TINY_TARGET, layer_shapes, random_tensor, write_checkpoint
+from ovbuild.testing.tiny import TINY_TARGET, draft_backbone_tensors, random_tensor, write_checkpoint
 from ovbuild.testing.tokenizer import MASK_ID
 from ovbuild.weights.checkpoint import Checkpoint
 
@@ -61,14 +61,7 @@ def write_tiny_dspark(
         cfg.pop("confidence_head_with_markov", None)
     rng = np.random.default_rng(seed)
     h, v = cfg["hidden_size"], cfg["vocab_size"]
-    tensors = {
-        "fc.weight": random_tensor(rng, (h, len(cfg["target_layer_ids"]) * h)),
-        "hidden_norm.weight": random_tensor(rng, (h,)),
-    }
-    for i in range(cfg["num_hidden_layers"]):
-        for name, shape in layer_shapes(cfg).items():
-            tensors[f"layers.{i}.{name}.weight"] = random_tensor(rng, shape)
-    tensors["norm.weight"] = random_tensor(rng, (h,))
+    tensors = draft_backbone_tensors(rng, cfg, len(cfg["target_layer_ids"]) * h)
     if tables_from is None:
         tensors["embed_tokens.weight"] = rng.standard_normal((v, h)).astype(np.float32)
         tensors["lm_head.weight"] = random_tensor(rng, (v, h))
