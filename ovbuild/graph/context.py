@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import openvino.opset16 as ops
 
-from ovbuild.graph.ops import Output, named
+from ovbuild.graph.ops import Output, i64, named
 from ovbuild.graph.paged_attention import AttentionBackend
 from ovbuild.graph.rope import RotaryTables
 from ovbuild.graph.weights import WeightPolicy, f32_constant
@@ -27,7 +27,8 @@ class BuildContext:
     # (`token_type_ids`, `subsequence_begins`) for blocks that must keep each row inside its own block.
     inputs: dict[str, Output] = field(default_factory=dict)
     # Drafts carry their residual stream on the block rows only (context rows just feed keys and values): the rows
-    # of the attention's packed axis that queries come from [Tq] i64, and the RoPE tables at those rows. None: all.
+    # of the attention's packed axis that queries come from [Tq] i64, and the RoPE tables at those rows (set both
+    # with `queries_on`). None: all.
     query_rows: Output | None = None
     query_rope: RotaryTables | None = None
 
@@ -45,6 +46,14 @@ class BuildContext:
         """x [T, in] @ W^T -> [T, out], W read as stored, named after the tensor (`layers.3/self_attn/q_proj`)."""
         w = self.matrix(self.weights, name, (out_features, in_features))
         return named(ops.matmul(x, w, False, True), path(name))
+
+    def queries_on(self, rows: Output) -> None:
+        """Queries, and so the residual stream, only on `rows` [Tq] i64 of the packed axis; RoPE gathered there once."""
+        self.query_rows = rows
+        self.query_rope = RotaryTables(
+            named(ops.gather(self.rope.cos, rows, i64(0)), "rope/block_cos"),  # [Tq, 1, D]
+            named(ops.gather(self.rope.sin, rows, i64(0)), "rope/block_sin"),
+        )
 
     def vector(self, name: str, size: int) -> Output:
         """A norm weight as an f32 Constant."""

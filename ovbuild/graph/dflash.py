@@ -19,7 +19,7 @@ from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import Output, const, i32, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
-from ovbuild.graph.rope import RotaryTables, rotary_tables
+from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
@@ -52,11 +52,7 @@ def build_dflash_draft(
     # The residual stream lives on the block rows only: context rows feed keys and values, nothing reads the rest.
     is_block = ops.equal(token_type_ids, i32(1))  # [T]
     block_rows = named(ops.squeeze(ops.non_zero(is_block, "i64"), i64([0])), "block_rows")  # [1, Tb] -> [Tb]
-    ctx.query_rows = block_rows
-    ctx.query_rope = RotaryTables(
-        named(ops.gather(ctx.rope.cos, block_rows, i64(0)), "rope/block_cos"),  # [Tb, 1, D]
-        named(ops.gather(ctx.rope.sin, block_rows, i64(0)), "rope/block_sin"),
-    )
+    ctx.queries_on(block_rows)
 
     def kv_input(u: Output) -> Output:
         """Each row's key/value source: the context feature, with the block rows' state u [Tb, H] written in."""

@@ -20,7 +20,7 @@ from ovbuild.graph.decoder import decoder_layer, norm
 from ovbuild.graph.dflash import draft_rt_info
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, const, i64, named, parameter, result
-from ovbuild.graph.rope import RotaryTables, rotary_tables
+from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.rt_info import set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
@@ -58,11 +58,7 @@ def build_genai_draft(cfg: DraftConfig, weights: WeightSource, policy: WeightPol
     # The residual stream lives on the block rows only: context rows feed keys and values, nothing reads the rest.
     first, end = ops.squeeze(n_ctx, i64(0)), ops.squeeze(ops.add(n_ctx, n_block), i64(0))  # [], []
     block_rows = named(ops.range(first, end, i64(1), ov.Type.i64), "block_rows")  # [Q]: C .. C + Q - 1
-    ctx.query_rows = block_rows
-    ctx.query_rope = RotaryTables(
-        named(ops.gather(ctx.rope.cos, block_rows, i64(0)), "rope/block_cos"),  # [Q, 1, D]
-        named(ops.gather(ctx.rope.sin, block_rows, i64(0)), "rope/block_sin"),
-    )
+    ctx.queries_on(block_rows)
 
     def kv_input(u: Output) -> Output:
         return named(ops.concat([context, u], 0), f"{u.get_node().get_friendly_name()}/kv_input")  # [C + Q, H]
