@@ -112,7 +112,8 @@ def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
     model_file = Path(folder) / "openvino_model.xml"
     if not model_file.exists():
         raise ExportError(f"{folder}: no openvino_model.xml (not an exported draft folder)")
-    family = get_rt_info(read_ir(model_file), "ovbuild/family")
+    model = read_ir(model_file)
+    family = get_rt_info(model, "ovbuild/family")
     if family not in DRAFTERS:
         raise ExportError(f"{model_file}: no drafter for family {family!r} (known: {', '.join(DRAFTERS)})")
     drafter = DRAFTERS[family]
@@ -124,6 +125,7 @@ def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
         )
     return drafter.from_folder(
         folder,
+        model,
         device=options.device,
         kv_cache_precision=options.draft.kv_cache_precision,
         inference_precision=options.draft.inference_precision,

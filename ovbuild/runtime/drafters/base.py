@@ -30,8 +30,9 @@ class Drafter(ABC):
 
     @classmethod
     @abstractmethod
-    def from_folder(cls, folder, **options) -> Drafter:
-        """Load the drafter from an exported draft folder (options: device, cache precision, cache size)."""
+    def from_folder(cls, folder, model=None, **options) -> Drafter:
+        """Load the drafter from an exported draft folder (options: device, cache precision, cache size); `model` is
+        the folder's openvino_model.xml when the caller has read it already."""
 
     @abstractmethod
     def propose(self, items: list[DraftItem]) -> list[list[int]]:

@@ -41,9 +41,9 @@ class BlockDrafter(Drafter):
         self.infer_s = 0.0
 
     @classmethod
-    def from_folder(cls, folder: str | Path, **options) -> BlockDrafter:
+    def from_folder(cls, folder: str | Path, model: ov.Model | None = None, **options) -> BlockDrafter:
         """Load the draft IR(s) of an exported folder."""
-        return cls(read_ir(folder), **options)
+        return cls(read_ir(folder) if model is None else model, **options)
 
     def can_hold(self, seq_id: int, length: int) -> bool:
         return self.model.cache.allocator.can_hold(seq_id, length + self.block_size)

@@ -68,9 +68,9 @@ class DSparkDrafter(BlockDrafter):
             raise UnsupportedError(f"confidence_threshold = {confidence_threshold}: this draft has no confidence head")
 
     @classmethod
-    def from_folder(cls, folder: str | Path, **options) -> DSparkDrafter:
+    def from_folder(cls, folder: str | Path, model: ov.Model | None = None, **options) -> DSparkDrafter:
         """The backbone IR and, when the backbone names one, the Markov head IR of an exported folder."""
-        model = read_ir(folder)
+        model = read_ir(folder) if model is None else model
         stem = get_rt_info(model, "ovbuild/markov_head")
         return cls(model, read_ir(Path(folder) / f"{stem}.xml") if stem else None, **options)
 

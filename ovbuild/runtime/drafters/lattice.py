@@ -29,8 +29,8 @@ class LatticeDrafter(BlockDrafter):
         self.head = core().compile_model(head, device, {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
 
     @classmethod
-    def from_folder(cls, folder: str | Path, **options) -> LatticeDrafter:
-        return cls(read_ir(folder), read_ir(Path(folder) / HEAD_FILE), **options)
+    def from_folder(cls, folder: str | Path, model: ov.Model | None = None, **options) -> LatticeDrafter:
+        return cls(read_ir(folder) if model is None else model, read_ir(Path(folder) / HEAD_FILE), **options)
 
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
