@@ -83,16 +83,22 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="where checkpoints and exports go (default: a temp folder)")
     parser.add_argument("--formats", help="comma-separated weight formats (default: all)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
+    parser.add_argument("--write-checkpoints", type=Path, help=argparse.SUPPRESS)  # internal: the child that writes
     args = parser.parse_args()
+    if args.write_checkpoints:
+        write_draft(args.write_checkpoints / "draft")
+        write_target(args.write_checkpoints / "target", TARGET_CONFIG, layers=False)
+        return
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ovbuild-bench-export-"))
     formats = args.formats.split(",") if args.formats else list(WEIGHT_FORMATS)
     draft, target = work / "draft", work / "target"
+    python = sys.executable
     if not (draft / "config.json").exists():
         print(f"writing checkpoints in {work} ...", flush=True)
-        write_draft(draft)
-        write_target(target, TARGET_CONFIG, layers=False)
+        # In a child: Linux carries a parent's peak RSS at fork into its children's ru_maxrss, so this process must
+        # stay small for the exports it measures (written here, the checkpoints' 2.4 GB showed up in every export).
+        subprocess.run([python, __file__, "--write-checkpoints", str(work)], check=True)
     in_bytes = sum(p.stat().st_size for p in [*draft.glob("*.safetensors"), *target.glob("*.safetensors")])
-    python = sys.executable
     _, base_rss = run_measured([python, "-c", "import ovbuild.cli, ovbuild.export, openvino"])
     rows = []
     for fmt in formats:
