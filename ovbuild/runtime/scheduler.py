@@ -56,6 +56,21 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Drop a waiting or running request now, returning its blocks in both caches (a client went away)."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+            request.finish_reason, request.status = reason, Status.FINISHED
+            self.finished.append(request)
+        elif request in self.running:
+            request.finish_reason, request.status = reason, Status.FINISHED
+            self._release(request)
+
+    def abort_all(self, reason: str = "abort") -> None:
+        """Abort every unfinished request (an exception or Ctrl-C left the batch half done)."""
+        for request in [*self.waiting, *self.running]:
+            self.abort(request, reason)
+
     def run(self) -> list[Request]:
         """Step until every request has finished; returns them in arrival order."""
         while self.has_unfinished():
