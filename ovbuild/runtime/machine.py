@@ -1,0 +1,44 @@
+"""What this CPU offers OpenVINO: instruction-set extensions and the plugin's own capabilities.
+
+Benchmarks print it beside their figures, and tests use it where the CPU plugin's behaviour depends on the hardware
+(for example, int8 activation quantization of compressed layers needs VNNI or AMX; bf16 inference needs bf16 units).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+# The flags that change which kernels OpenVINO's CPU plugin picks, in /proc/cpuinfo's spelling.
+FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo is not readable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def has_int8_dot_product() -> bool:
+    """Whether the CPU has int8 dot-product units (VNNI or AMX), which dynamic activation quantization needs."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def describe() -> str:
+    """One line: CPU model, its kernel-relevant flags, and the CPU plugin's capabilities and default precision."""
+    from ovbuild.graph.ir import core
+
+    flags = [f for f in FEATURES if f in cpu_flags()]
+    caps = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    precision = core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    name = core().get_property("CPU", "FULL_DEVICE_NAME") or platform.processor()
+    have = " ".join(flags) or "none of " + " ".join(FEATURES)
+    return f"{name}; flags: {have}; plugin: {','.join(caps)}, default {precision}"
