@@ -13,8 +13,11 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.testing import TINY_TARGET
+from ovbuild.testing.steered import SteeredDrafter
 
 F32 = dict(kv_cache_precision="f32")
+VOCAB = TINY_TARGET["vocab_size"]
 
 
 @pytest.fixture(scope="module")
@@ -26,25 +29,50 @@ def models(target, draft):
 
 
 def make_scheduler(
-    models, with_draft: bool, num_blocks: int = 64, max_num_batched_tokens: int = 64, draft_blocks: int = 64
+    models,
+    with_draft: bool,
+    num_blocks: int = 64,
+    max_num_batched_tokens: int = 64,
+    draft_blocks: int = 64,
+    steer_seed: int | None = None,
 ):
+    """A scheduler on the tiny pair; `steer_seed` wraps the draft in a SteeredDrafter so that tokens get accepted."""
     target_model, draft_model = models
     target = PagedModel(target_model, num_blocks=num_blocks, **F32)
     drafter = BlockDrafter(draft_model, num_blocks=draft_blocks, **F32) if with_draft else None
+    if drafter is not None and steer_seed is not None:
+        drafter = SteeredDrafter(drafter, VOCAB, seed=steer_seed)
     return Scheduler(target, drafter, max_num_batched_tokens=max_num_batched_tokens, trace=True)
 
 
-def run(scheduler: Scheduler, arrivals: list[tuple[int, list[int], GenerationConfig]]) -> list[list[int]]:
-    """arrivals: (step at which the request is added, prompt, config); returns each request's generated tokens."""
+def run(
+    scheduler: Scheduler,
+    arrivals: list[tuple[int, list[int], GenerationConfig]],
+    truths: list[list[int]] | None = None,
+) -> list[list[int]]:
+    """arrivals: (step at which the request is added, prompt, config); returns each request's generated tokens.
+    `truths` (the target alone's tokens per arrival) steer a SteeredDrafter's proposals."""
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
     requests, step = {}, 0
     while pending or scheduler.has_unfinished():
         while pending and pending[0][1][0] <= step:
             index, (_, prompt, config) = pending.pop(0)
             requests[index] = scheduler.add_request(prompt, config)
+            if truths is not None:
+                scheduler.drafter.truths[requests[index].id] = [*prompt, *truths[index]]
         scheduler.step()
         step += 1
     return [requests[i].generated for i in range(len(arrivals))]
+
+
+def assert_accepted(scheduler: Scheduler, k: int, every_length: bool = True) -> None:
+    """Speculation really ran: tokens were accepted, whole proposals were accepted and rejected at the first token,
+    and (`every_length`) every accepted-prefix length 0..k occurred."""
+    totals = scheduler.metrics.requests
+    histogram = totals.accepted_histogram
+    assert totals.num_accepted_tokens > 0, "no draft token was accepted"
+    assert len(histogram) == k + 1 and histogram[0] and histogram[k], f"no full or no empty acceptance: {histogram}"
+    assert all(histogram) or not every_length, f"accepted-prefix lengths 0..{k} not all seen: {histogram}"
 
 
 def prompts(rng, n: int) -> list[list[int]]:
@@ -67,20 +95,26 @@ def test_target_alone_matches_the_numpy_reference_greedy_decode(models, target):
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_lossless_with_concurrent_requests(models, num_requests, k):
     rng = np.random.default_rng(num_requests * 10 + k)
-    config = GenerationConfig(max_new_tokens=int(rng.integers(8, 20)), num_assistant_tokens=k)
+    config = GenerationConfig(max_new_tokens=int(rng.integers(24, 40)), num_assistant_tokens=k)
     arrivals = [(int(rng.integers(0, 4)), p, config) for p in prompts(rng, num_requests)]
     alone = run(make_scheduler(models, with_draft=False), arrivals)
-    spec_scheduler = make_scheduler(models, with_draft=True)
-    speculative = run(spec_scheduler, arrivals)
-    assert speculative == alone
-    totals = spec_scheduler.metrics.requests
-    assert totals.num_draft_tokens > 0 and totals.num_drafts > 0
-    assert all(len(step["proposed"]) <= k for r in spec_scheduler.finished for step in r.trace)
+    # the tiny draft itself, then steered so that every accepted-prefix length occurs
+    raw = make_scheduler(models, with_draft=True)
+    assert run(raw, arrivals) == alone
+    steered = make_scheduler(models, with_draft=True, steer_seed=k)
+    assert run(steered, arrivals, truths=alone) == alone
+    assert all(len(step["proposed"]) <= k for r in steered.finished for step in r.trace)
+    if num_requests == 1:
+        assert steered.metrics.requests.num_accepted_tokens > 0
+    else:
+        assert_accepted(steered, k, every_length=num_requests == 8)
 
 
 def test_random_schedules_are_lossless_and_return_every_block(models):
-    """Random arrivals, prompt lengths, budgets, EOS tokens and cache sizes that force requests to queue."""
+    """Random arrivals, prompt lengths, budgets, EOS tokens and cache sizes that force requests to queue; the draft
+    is steered so that accepted prefixes of every length and rejections at every position occur."""
     rng = np.random.default_rng(1234)
+    accepted = 0
     for trial in range(6):
         n = int(rng.integers(2, 7))
         arrivals = []
@@ -93,13 +127,16 @@ def test_random_schedules_are_lossless_and_return_every_block(models):
         num_blocks = int(rng.integers(3, 9))  # small: some requests must wait for others to finish
         budget = int(rng.integers(8, 80))
         alone_scheduler = make_scheduler(models, False, num_blocks, budget)
-        spec_scheduler = make_scheduler(models, True, num_blocks, budget, draft_blocks=int(rng.integers(3, 9)))
-        assert run(spec_scheduler, arrivals) == run(alone_scheduler, arrivals), f"trial {trial}"
+        alone = run(alone_scheduler, arrivals)
+        spec_scheduler = make_scheduler(models, True, num_blocks, budget, int(rng.integers(3, 9)), steer_seed=trial)
+        assert run(spec_scheduler, arrivals, truths=alone) == alone, f"trial {trial}"
+        accepted += spec_scheduler.metrics.requests.num_accepted_tokens
         for scheduler in (alone_scheduler, spec_scheduler):
             allocator = scheduler.target.cache.allocator
             assert allocator.free_blocks == allocator.num_blocks and not allocator.tables
-        draft_allocator = spec_scheduler.drafter.model.cache.allocator
+        draft_allocator = spec_scheduler.drafter.inner.model.cache.allocator
         assert draft_allocator.free_blocks == draft_allocator.num_blocks and not draft_allocator.tables
+    assert accepted > 50, f"only {accepted} draft tokens accepted over 6 trials"
 
 
 def test_request_larger_than_the_whole_cache_fails_cleanly(models):
@@ -118,30 +155,75 @@ def test_too_many_assistant_tokens_is_refused(models):
         scheduler.add_request([1, 2, 3], GenerationConfig(num_assistant_tokens=8))
 
 
-def test_metrics_add_up(models):
-    scheduler = make_scheduler(models, with_draft=True)
+def test_metrics_count_what_the_draft_got_right(models):
+    """Every counter against the steering log, which knows how many correct tokens led each proposal."""
     rng = np.random.default_rng(5)
-    run(scheduler, [(0, p, GenerationConfig(max_new_tokens=16)) for p in prompts(rng, 4)])
+    arrivals = [(0, p, GenerationConfig(max_new_tokens=40)) for p in prompts(rng, 4)]
+    alone = run(make_scheduler(models, with_draft=False), arrivals)
+    scheduler = make_scheduler(models, with_draft=True, steer_seed=5)
+    run(scheduler, arrivals, truths=alone)
+    log = scheduler.drafter.log
     totals = scheduler.metrics.requests
-    assert totals.num_generated_tokens == sum(len(r.generated) for r in scheduler.finished) == 64
-    assert sum(totals.accepted_histogram) == totals.num_drafts
-    assert sum(i * c for i, c in enumerate(totals.accepted_histogram)) == totals.num_accepted_tokens
-    assert totals.accepted_per_position[0] == totals.num_drafts - totals.accepted_histogram[0]
+    assert totals.num_generated_tokens == sum(len(r.generated) for r in scheduler.finished) == 160
+    steps = [s for per_request in log.steps.values() for s in per_request]
+    assert totals.num_drafts == len(steps)
+    assert totals.num_draft_tokens == sum(proposed for proposed, _ in steps)
+    assert totals.num_accepted_tokens == sum(correct for _, correct in steps) > 0
+    assert totals.accepted_histogram == log.histogram()
+    longest = max(proposed for proposed, _ in steps)
+    per_position = [sum(correct > i for _, correct in steps) for i in range(longest)]
+    assert totals.accepted_per_position == per_position
+    assert totals.mean_acceptance_length == pytest.approx(1 + totals.num_accepted_tokens / len(steps))
     for r in scheduler.finished:
         assert r.metrics.ttft is not None and r.metrics.ttft > 0
         assert sum(s["accepted"] for s in r.trace) == r.metrics.num_accepted_tokens
+        assert [s["accepted"] for s in r.trace if s["proposed"]] == [c for _, c in log.steps[r.id]]
 
 
 def test_default_runtime_options_are_exact(models):
-    """The pipeline defaults (f16 target cache, f32 target math, u8 draft cache) keep speculation lossless."""
+    """The pipeline defaults (f16 target cache, f32 target math, u8 draft cache) keep speculation lossless, with
+    rolled-back rows written to the target cache on most steps."""
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
     target_model, draft_model = models
     rng = np.random.default_rng(99)
     arrivals = [(int(rng.integers(0, 3)), p, GenerationConfig(max_new_tokens=24)) for p in prompts(rng, 12)]
-    results = []
     fast = dict(kv_cache_precision=FAST_DRAFT.kv_cache_precision, inference_precision=FAST_DRAFT.inference_precision)
-    for drafter in (None, BlockDrafter(draft_model, **fast)):
+
+    def scheduler(drafter):
         target = PagedModel(target_model, "CPU", EXACT_TARGET.kv_cache_precision, EXACT_TARGET.inference_precision)
-        results.append(run(Scheduler(target, drafter), arrivals))
-    assert results[0] == results[1]
+        return Scheduler(target, drafter)
+
+    alone = run(scheduler(None), arrivals)
+    steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
+    assert run(steered, arrivals, truths=alone) == alone
+    assert_accepted(steered, 7)
+
+
+def test_block_drafter_proposes_the_reference_argmax(models, draft, target):
+    """Several steps of several packed sequences through BlockDrafter.propose (context-only rows, short and full
+    blocks) against the reference draft step: each candidate row's argmax, in order."""
+    from ovbuild.runtime.drafters import DraftItem
+    from ovbuild.runtime.reference.dflash import DFlashReference
+
+    cfg, weights = draft
+    drafter = BlockDrafter(models[1], **F32)
+    ref = DFlashReference(cfg, weights, target[1])
+    rng = np.random.default_rng(21)
+    width = cfg.num_taps * cfg.target_hidden_size
+    caches = {}
+    for step in range(4):
+        items = []
+        for seq in range(4):
+            context = rng.standard_normal((int(rng.integers(1, 9)), width)).astype(np.float32)
+            anchor = None if (seq == 3 and step < 2) else int(rng.integers(0, VOCAB))
+            items.append(DraftItem(seq, context, anchor, 0 if anchor is None else int(rng.integers(1, 8))))
+        for item, proposal in zip(items, drafter.propose(items), strict=True):
+            cache = caches.setdefault(item.seq_id, ref.new_cache())
+            if item.anchor is None:
+                ref.forward(cache, item.context.astype(np.float64), np.zeros(0, np.int64))
+                assert proposal == []
+                continue
+            logits, _ = ref.step(cache, item.context.astype(np.float64), item.anchor)
+            expected = logits.argmax(-1)[: item.num_tokens].tolist()
+            assert proposal == expected, f"step {step} sequence {item.seq_id}"

@@ -12,6 +12,8 @@ from ovbuild.runtime.drafters import DRAFTERS
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.testing import TINY_TARGET
+from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2
 from ovbuild.testing.tiny_dspark import write_tiny_dspark
 from ovbuild.weights.checkpoint import Checkpoint
@@ -35,22 +37,35 @@ def family_folders(request, tmp_path_factory, target):
     return dcfg.family, build_target(target[0], target[1], dcfg.target_layer_ids), root / "draft"
 
 
-def test_lossless_with_concurrent_requests(family_folders):
+@pytest.mark.parametrize("steer", [False, True])
+def test_lossless_with_concurrent_requests(family_folders, steer):
+    """The family's drafter as it is, and steered so that its caches roll back after accepted prefixes of every
+    length (the tiny random drafts accept almost nothing by themselves)."""
     family, target_model, draft_dir = family_folders
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 256, int(rng.integers(3, 40))).tolist() for _ in range(5)]
-    results = []
-    for drafter in (None, DRAFTERS[family].from_folder(draft_dir, **F32)):
-        scheduler = Scheduler(PagedModel(target_model, **F32), drafter, max_num_batched_tokens=48)
-        requests = [
-            scheduler.add_request(p, GenerationConfig(max_new_tokens=20, num_assistant_tokens=k))
-            for p, k in zip(prompts, [None, 1, 3, 5, None], strict=True)
-        ]
-        scheduler.run()
-        results.append([r.generated for r in requests])
-        if drafter is not None:
-            assert scheduler.metrics.requests.num_draft_tokens > 0
-    assert results[0] == results[1]
+    configs = [GenerationConfig(max_new_tokens=30, num_assistant_tokens=k) for k in (None, 1, 3, 5, None)]
+    alone_scheduler = Scheduler(PagedModel(target_model, **F32), None, max_num_batched_tokens=48)
+    alone = [alone_scheduler.add_request(p, c) for p, c in zip(prompts, configs, strict=True)]
+    alone_scheduler.run()
+    drafter = DRAFTERS[family].from_folder(draft_dir, **F32)
+    if steer:
+        drafter = SteeredDrafter(drafter, TINY_TARGET["vocab_size"], seed=3)
+    scheduler = Scheduler(PagedModel(target_model, **F32), drafter, max_num_batched_tokens=48)
+    requests = []
+    for prompt, config, reference in zip(prompts, configs, alone, strict=True):
+        requests.append(scheduler.add_request(prompt, config))
+        if steer:
+            drafter.truths[requests[-1].id] = [*prompt, *reference.generated]
+    scheduler.run()
+    assert [r.generated for r in requests] == [r.generated for r in alone]
+    totals = scheduler.metrics.requests
+    assert totals.num_draft_tokens > 0
+    if steer:
+        histogram = totals.accepted_histogram
+        assert len(histogram) == 8 and all(histogram), f"accepted-prefix lengths 0..7 not all seen: {histogram}"
+        for allocator in (scheduler.target.cache.allocator, drafter.inner.model.cache.allocator):
+            assert allocator.free_blocks == allocator.num_blocks
 
 
 def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target):
