@@ -31,3 +31,7 @@ class ExportError(OvbuildError):
 
 class CacheExhaustedError(OvbuildError):
     """The paged KV cache has no free block left for a request that cannot wait."""
+
+
+class RequestError(OvbuildError):
+    """A generation request cannot run as given: prompt not UTF-8, token ids outside the vocabulary, too long."""

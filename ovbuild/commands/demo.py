@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ovbuild.commands.generate import add_runtime_arguments, runtime_options
+from ovbuild.commands.generate import add_runtime_arguments, check_runtime_arguments, runtime_options
 
 
 def register(subparsers) -> None:
@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ovbuild.demo import run_demo
     from ovbuild.runtime.report import format_metrics
 
+    check_runtime_arguments(args, with_draft=True)  # before the pair is exported
     demo = run_demo(args.prompt, args.max_new_tokens, args.tiny, runtime_options(args), args.num_assistant_tokens)
     for prompt, request in zip(demo.prompts, demo.concurrent.speculative, strict=True):
         print(f"--- request {request.id} ({len(request.generated)} tokens, {request.finish_reason})")

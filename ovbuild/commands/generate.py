@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ovbuild.errors import ConfigError
+from ovbuild.errors import ConfigError, RequestError
 
 
 def register(subparsers) -> None:
@@ -63,6 +63,11 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-cache-mb", type=float, default=FAST_DRAFT.cache_mb, help="draft KV cache size in MB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument(
+        "--max-model-len",
+        type=int,
+        help="longest prompt + max_new_tokens served (default: the target's max_position_embeddings; only lowers it)",
+    )
+    p.add_argument(
         "--confidence-threshold",
         type=float,
         default=0.0,
@@ -87,17 +92,45 @@ def runtime_options(args: argparse.Namespace):
         draft_options["confidence_threshold"] = args.confidence_threshold
     if args.markov_mode != "chain":
         draft_options["markov_mode"] = args.markov_mode
-    return RuntimeOptions(args.device, target, draft, args.max_num_batched_tokens, draft_options)
+    return RuntimeOptions(
+        args.device, target, draft, args.max_num_batched_tokens, draft_options, max_model_len=args.max_model_len
+    )
+
+
+def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
+    """The options of add_runtime_arguments, checked before any model is read (messages name the options)."""
+    from ovbuild.runtime.devices import check_device, check_kv_precision
+    from ovbuild.runtime.validation import check_cache_mb, check_positive_int
+
+    check_device(args.device)
+    check_cache_mb(args.cache_mb, "--cache-mb")
+    check_kv_precision(args.device, args.kv_cache_precision, args.inference_precision, "--kv-cache-precision")
+    if with_draft:
+        check_cache_mb(args.draft_cache_mb, "--draft-cache-mb")
+        check_kv_precision(
+            args.device, args.draft_kv_cache_precision, args.draft_inference_precision, "--draft-kv-cache-precision"
+        )
+    if args.max_model_len is not None:
+        check_positive_int(args.max_model_len, "--max-model-len")
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
+    """--prompt texts then --prompt-file contents, each checked to be UTF-8."""
+    from ovbuild.runtime.validation import check_utf8
+
     prompts = list(args.prompt)
+    for i, prompt in enumerate(prompts):
+        check_utf8(prompt, f"--prompt {i + 1}")
     for file in args.prompt_file:
         path = Path(file)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"{path}: cannot read prompt file ({e.strerror})") from e
+        except UnicodeDecodeError as e:
+            raise RequestError(
+                f"{path}: prompt file is not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+            ) from None
         if path.suffix == ".json":
             try:
                 data = json.loads(text)
@@ -105,6 +138,8 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
                 raise ConfigError(f"{path}: not valid JSON ({e})") from e
             if not isinstance(data, list) or not all(isinstance(s, str) for s in data):
                 raise ConfigError(f"{path}: expected a JSON list of prompt strings")
+            for i, prompt in enumerate(data):
+                check_utf8(prompt, f"{path}: prompt {i + 1}")
             prompts += data
         else:
             prompts.append(text)
@@ -116,7 +151,14 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ovbuild.runtime.pipeline import Pipeline
     from ovbuild.runtime.report import format_metrics, results_json
+    from ovbuild.runtime.validation import check_positive_int, check_stop_strings, check_writable
 
+    # Everything the user typed is checked before any model is read, and --json before any token is generated.
+    check_positive_int(args.max_new_tokens, "--max-new-tokens")
+    check_stop_strings(tuple(args.stop), "--stop")
+    check_runtime_arguments(args, with_draft=args.draft is not None)
+    if args.json_path:
+        check_writable(args.json_path, "--json")
     prompts = read_prompts(args)
     pipeline = Pipeline(args.target, args.draft, runtime_options(args))
     stream = _Streamer(pipeline) if len(prompts) == 1 else None
@@ -130,7 +172,11 @@ def run(args: argparse.Namespace) -> int:
         stream.finish(requests[0])
     print(format_metrics(metrics, with_draft=args.draft is not None), file=sys.stderr)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(results_json(prompts, requests, metrics, args.trace), indent=2))
+        text = json.dumps(results_json(prompts, requests, metrics, args.trace), indent=2)
+        try:
+            Path(args.json_path).write_text(text)
+        except OSError as e:
+            raise ConfigError(f"--json {args.json_path}: cannot be written ({e.strerror or e})") from None
     return 0
 
 

@@ -58,6 +58,7 @@ def build_target(
             "ovbuild/target_layer_ids": list(target_layer_ids),
             "ovbuild/vocab_size": cfg.vocab_size,
             "ovbuild/hidden_size": cfg.hidden_size,
+            "ovbuild/context_length": cfg.context_length,  # the runtime refuses requests longer than this
             **ctx.policy.rt_info(),  # how the weights are stored
         },
     )

@@ -49,12 +49,28 @@ class PagedModel:
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes."""
         config = compile_config(kv_cache_precision, inference_precision, device, model)
-        self.compiled = core().compile_model(model, device, config)
+        try:
+            self.compiled = core().compile_model(model, device, config)
+        except RuntimeError as e:
+            if "kvcache type" not in str(e):
+                raise
+            # a device whose precisions ovbuild.runtime.devices does not predict: still one line, with the reason
+            reason = str(e).strip().splitlines()[-1].strip()
+            raise UnsupportedError(
+                f"KV cache precision '{kv_cache_precision}' does not compile on {device} ({reason})"
+            ) from None
         self.request = self.compiled.create_infer_request()
         if num_blocks is None:
             num_blocks = max(1, int(cache_mb * 2**20 // block_bytes(self.compiled)))
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Width of the `logits` output: the token ids the model knows are 0..vocab_size-1 (None if not static)."""
+        port = next((o for o in self.compiled.outputs if o.get_any_name() == "logits"), None)
+        dim = port.get_partial_shape()[-1] if port is not None else None
+        return dim.get_length() if dim is not None and dim.is_static else None
 
     def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One packed call: rows say which sequences are in it and where they stand; returns every output."""

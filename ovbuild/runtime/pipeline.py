@@ -7,16 +7,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import openvino as ov
 from tokenizers import Tokenizer
 
-from ovbuild.errors import CompatibilityError, ConfigError, ExportError
-from ovbuild.graph.ir import read_ir
+from ovbuild.errors import ConfigError, ExportError, RequestError
+from ovbuild.graph.ir import MODEL_FILE, read_ir
 from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.runtime.devices import check_device, check_kv_precision
 from ovbuild.runtime.drafters import DRAFTERS, Drafter
+from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class RuntimeOptions:
     max_num_batched_tokens: int = 2048
     # Options of the draft family's drafter, e.g. {"confidence_threshold": 0.5, "markov_mode": "lattice"} for DSpark.
     draft_options: dict = field(default_factory=dict)
+    # Longest prompt + max_new_tokens served; None = the target's max_position_embeddings (it can only lower it).
+    max_model_len: int | None = None
 
 
 class Pipeline:
@@ -58,28 +65,38 @@ class Pipeline:
     ):
         self.options = options or RuntimeOptions()
         o = self.options
+        check_options(o, with_draft=draft_dir is not None)
+        # Both folders are read and checked against each other before anything is compiled.
         target_dir = Path(target_dir)
         model = read_ir(target_dir)
-        t = o.target
-        self.target = PagedModel(model, o.device, t.kv_cache_precision, t.inference_precision, cache_mb=t.cache_mb)
+        target = describe(target_dir, model)
+        require_target(target)
+        draft_model = None
+        if draft_dir is not None:
+            draft_model = read_draft_ir(draft_dir)
+            draft = describe(draft_dir, draft_model)
+            require_draft(draft)
+            drafter_class(draft_dir, draft_model, o)  # options the family does not take are refused first
+            check_pair(target, draft)
+        self.max_model_len = context_length(target, o.max_model_len)
         self.tokenizer = load_tokenizer(target_dir)
         self.eos_token_ids = eos_token_ids(target_dir)
-        self.drafter = load_drafter(draft_dir, o) if draft_dir is not None else None
-        if self.drafter is not None:
-            taps = get_rt_info(model, "ovbuild/target_layer_ids", "")
-            if taps != ",".join(str(t) for t in self.drafter.target_layer_ids):
-                raise CompatibilityError(
-                    f"{draft_dir}: the draft reads target layers {self.drafter.target_layer_ids} "
-                    f"but {target_dir} was exported with taps [{taps}] (export the target with "
-                    "--draft-of this draft)"
-                )
+        t = o.target
+        self.target = PagedModel(model, o.device, t.kv_cache_precision, t.inference_precision, cache_mb=t.cache_mb)
+        self.drafter = load_drafter(draft_dir, o, draft_model) if draft_dir is not None else None
 
     def scheduler(self, trace: bool = False, use_draft: bool = True) -> Scheduler:
         """A fresh scheduler over this pipeline's compiled models and caches (`use_draft=False`: the target alone)."""
         drafter = self.drafter if use_draft else None
-        return Scheduler(self.target, drafter, self.options.max_num_batched_tokens, self.decode, trace)
+        return Scheduler(
+            self.target, drafter, self.options.max_num_batched_tokens, self.decode, trace, self.max_model_len
+        )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, what: str = "prompt") -> list[int]:
+        """Token ids of `text`, which must be valid UTF-8 (`what` names it in the error)."""
+        if not isinstance(text, str):
+            raise RequestError(f"{what} must be text (str), got {type(text).__name__}")
+        check_utf8(text, what)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -97,22 +114,41 @@ class Pipeline:
     ) -> tuple[list[Request], RunMetrics]:
         """Run every prompt as a concurrent request; returns finished requests (in prompt order) and run totals."""
         config = GenerationConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens)
+        prompt_ids = [np.array(self.encode(p, f"prompt {i + 1}"), np.int64) for i, p in enumerate(prompts)]
+        for i, ids in enumerate(prompt_ids):  # every prompt, before the first is queued
+            check_prompt(ids, max_new_tokens, self.target.vocab_size, self.max_model_len, f"prompt {i + 1}")
         scheduler = self.scheduler(trace, use_draft)
-        for prompt in prompts:
-            scheduler.add_request(self.encode(prompt), config)
-        while scheduler.has_unfinished():
-            scheduler.step()
-            if on_step is not None:
-                on_step(scheduler)
+        try:
+            for ids in prompt_ids:
+                scheduler.add_request(ids, config)
+            while scheduler.has_unfinished():
+                scheduler.step()
+                if on_step is not None:
+                    on_step(scheduler)
+        finally:
+            # an error or Ctrl-C mid-run must not leave blocks or drafter state behind for the next call
+            scheduler.abort_all()
         return sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
 
 
-def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
-    """The drafter class registered for the folder's family, loaded with the runtime options."""
-    model_file = Path(folder) / "openvino_model.xml"
-    if not model_file.exists():
-        raise ExportError(f"{folder}: no openvino_model.xml (not an exported draft folder)")
-    model = read_ir(model_file)
+def load_drafter(folder: str | Path, options: RuntimeOptions, model: ov.Model | None = None) -> Drafter:
+    """The drafter class registered for the folder's family, loaded with the runtime options (`model`: the folder's
+    openvino_model.xml when the caller has read it already)."""
+    model = read_draft_ir(folder) if model is None else model
+    return drafter_class(folder, model, options).from_folder(
+        folder,
+        model,
+        device=options.device,
+        kv_cache_precision=options.draft.kv_cache_precision,
+        inference_precision=options.draft.inference_precision,
+        cache_mb=options.draft.cache_mb,
+        **options.draft_options,
+    )
+
+
+def drafter_class(folder: str | Path, model: ov.Model, options: RuntimeOptions) -> type[Drafter]:
+    """The drafter registered for the draft's family, once it is known to take the options given."""
+    model_file = Path(folder) / MODEL_FILE
     family = get_rt_info(model, "ovbuild/family")
     if family not in DRAFTERS:
         raise ExportError(f"{model_file}: no drafter for family {family!r} (known: {', '.join(DRAFTERS)})")
@@ -123,15 +159,27 @@ def load_drafter(folder: str | Path, options: RuntimeOptions) -> Drafter:
             f"{model_file}: a {family} draft takes no option '{unknown[0]}' "
             f"(its options: {', '.join(drafter.OPTIONS) or 'none'})"
         )
-    return drafter.from_folder(
-        folder,
-        model,
-        device=options.device,
-        kv_cache_precision=options.draft.kv_cache_precision,
-        inference_precision=options.draft.inference_precision,
-        cache_mb=options.draft.cache_mb,
-        **options.draft_options,
-    )
+    return drafter
+
+
+def read_draft_ir(folder: str | Path) -> ov.Model:
+    """The main IR of a draft folder."""
+    if not (Path(folder) / MODEL_FILE).exists():
+        raise ExportError(f"{folder}: no {MODEL_FILE} (not an exported draft folder)")
+    return read_ir(folder)
+
+
+def check_options(options: RuntimeOptions, with_draft: bool) -> None:
+    """Device, cache sizes, KV precisions and max_model_len, checked before any model is read or compiled."""
+    check_device(options.device)
+    models = [("target", options.target), ("draft", options.draft)] if with_draft else [("target", options.target)]
+    for name, model in models:
+        check_cache_mb(model.cache_mb, f"{name} cache_mb")
+        check_kv_precision(
+            options.device, model.kv_cache_precision, model.inference_precision, f"{name} kv_cache_precision"
+        )
+    if options.max_model_len is not None:
+        check_positive_int(options.max_model_len, "max_model_len")
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ovbuild.runtime.metrics import RequestMetrics
+from ovbuild.runtime.validation import check_positive_int, check_stop_strings
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,11 @@ class GenerationConfig:
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     num_assistant_tokens: int | None = None  # None = the drafter's full block
+
+    def __post_init__(self):
+        # checked here, before any request is queued: a negative value would break the worst-case reservation
+        check_positive_int(self.max_new_tokens, "max_new_tokens")
+        check_stop_strings(self.stop_strings, "stop_strings")
 
 
 class Status(enum.Enum):

@@ -22,6 +22,7 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
+from ovbuild.runtime.validation import check_prompt, token_ids
 
 
 class Scheduler:
@@ -34,8 +35,11 @@ class Scheduler:
         max_num_batched_tokens: int = 2048,
         detokenize: Callable[[list[int]], str] | None = None,
         trace: bool = False,
+        max_model_len: int | None = None,
     ):
+        """max_model_len: the longest prompt + max_new_tokens a request may ask for (None = no limit)."""
         self.target, self.drafter = target, drafter
+        self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.detokenize, self.trace = detokenize, trace
         self.waiting: list[Request] = []
@@ -47,7 +51,7 @@ class Scheduler:
     def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
         """Queue a request; it joins the running batch as soon as both caches can hold it."""
         config = config or GenerationConfig()
-        request = Request(self._next_id, np.asarray(prompt, np.int64), config)
+        request = Request(self._next_id, token_ids(prompt, f"request {self._next_id}"), config)
         self._check(request)
         self._next_id += 1
         self.waiting.append(request)
@@ -100,6 +104,8 @@ class Scheduler:
             )
         if len(request.prompt) == 0:
             raise UnsupportedError("empty prompt: at least one token is needed")
+        limits = self.target.vocab_size, self.max_model_len
+        check_prompt(request.prompt, request.config.max_new_tokens, *limits, f"request {request.id}")
         allocator = self.target.cache.allocator
         if self.drafter is not None and not self.drafter.fits(request.total_len):
             raise CacheExhaustedError(

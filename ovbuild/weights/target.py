@@ -20,6 +20,16 @@ class TargetConfig(Backbone):
     eos_token_ids: tuple[int, ...]
     max_position_embeddings: int
 
+    @property
+    def context_length(self) -> int:
+        """Positions the target serves: max_position_embeddings, or more where a linear or YaRN RoPE stretches its
+        original length by `factor` (as vLLM derives its max_model_len)."""
+        rope = self.rope
+        if rope.rope_type in ("linear", "yarn") and rope.factor > 1:
+            stretched = int((rope.original_max_position_embeddings or self.max_position_embeddings) * rope.factor)
+            return max(self.max_position_embeddings, stretched)
+        return self.max_position_embeddings
+
 
 TARGET_ARCHITECTURES = ("Qwen3ForCausalLM",)
 

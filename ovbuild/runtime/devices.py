@@ -1,0 +1,59 @@
+"""Which devices OpenVINO sees, and which KV cache precisions a device runs: checked before compiling anything."""
+
+from __future__ import annotations
+
+from ovbuild.errors import ConfigError, UnsupportedError
+from ovbuild.graph.ir import core
+from ovbuild.runtime.paged_model import KV_PRECISIONS
+
+VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")  # take real devices after a colon: "AUTO:GPU,CPU"
+
+
+def check_device(device: str) -> None:
+    """Raise ConfigError unless every real device named in `device` is one OpenVINO lists (or its family, "GPU")."""
+    available = core().available_devices
+    name, _, members = device.partition(":")
+    names = [m.split("(")[0].strip() for m in members.split(",")] if name.upper() in VIRTUAL_DEVICES else [device]
+    known = set(available) | {d.split(".")[0] for d in available}
+    for n in names:
+        if n not in known:
+            raise ConfigError(f"unknown device '{n}' (available: {', '.join(available)})")
+
+
+def kv_precisions(device: str, inference_precision: str | None) -> tuple[str, ...]:
+    """KV cache precisions that compile on `device` at `inference_precision` (None = the device's default)."""
+    if not device.upper().startswith("CPU"):
+        return KV_PRECISIONS  # other plugins are left to judge at compile time
+    capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return cpu_kv_precisions(capabilities, inference_precision)
+
+
+def cpu_kv_precisions(capabilities: list[str], inference_precision: str | None) -> tuple[str, ...]:
+    """The CPU plugin's PagedAttention stores u8 and f16 caches at any runtime precision, but a bf16 cache only when
+    it computes in bf16 and an f32 cache only when it computes in f32 (measured on 2026.4: "expect kvcache type")."""
+    runtime = cpu_runtime_precision(capabilities, inference_precision)
+    return tuple(p for p in KV_PRECISIONS if p in ("u8", "f16") or p == runtime)
+
+
+def cpu_runtime_precision(capabilities: list[str], inference_precision: str | None) -> str:
+    """What the CPU plugin computes in: the hint when the CPU has units for it, else bf16 when it has bf16 units
+    (its default and its stand-in for an f16 hint without f16 units), else f32."""
+    if inference_precision == "f32":
+        return "f32"
+    if inference_precision == "f16" and "FP16" in capabilities:
+        return "f16"
+    return "bf16" if "BF16" in capabilities else "f32"
+
+
+def check_kv_precision(device: str, kv_cache_precision: str, inference_precision: str | None, name: str) -> None:
+    """Raise UnsupportedError naming the choices unless `device` runs a `kv_cache_precision` cache."""
+    if kv_cache_precision not in KV_PRECISIONS:
+        raise UnsupportedError(f"{name} '{kv_cache_precision}' is not one of {', '.join(KV_PRECISIONS)}")
+    if inference_precision is None and kv_cache_precision == "f32":
+        inference_precision = "f32"  # compile_config asks for f32 math with an f32 cache
+    choices = kv_precisions(device, inference_precision)
+    if kv_cache_precision not in choices:
+        at = f"inference precision {inference_precision}" if inference_precision else "its default inference precision"
+        raise UnsupportedError(
+            f"{name} '{kv_cache_precision}' does not run on {device} at {at} (choices: {', '.join(choices)})"
+        )
