@@ -31,3 +31,20 @@ class ExportError(OvbuildError):
 
 class CacheExhaustedError(OvbuildError):
     """The paged KV cache has no free block left for a request that cannot wait."""
+
+
+class RequestError(OvbuildError):
+    """A generation request cannot be served as given (a bad parameter, too long a prompt, messages the chat template
+    refuses); `param` names the offending field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class OverloadedError(OvbuildError):
+    """The server already holds as many requests as it may queue; the client should retry later."""
+
+
+class MissingDependencyError(OvbuildError):
+    """An optional dependency (an extra such as ovbuild[serve]) is not installed."""

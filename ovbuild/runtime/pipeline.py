@@ -15,6 +15,7 @@ from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.drafters import DRAFTERS, Drafter
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.prompts import prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import Scheduler
 
@@ -87,7 +88,7 @@ class Pipeline:
 
     def generate(
         self,
-        prompts: list[str],
+        prompts: str | list[int] | list[str | list[int]],
         max_new_tokens: int = 64,
         num_assistant_tokens: int | None = None,
         stop_strings: tuple[str, ...] = (),
@@ -95,11 +96,12 @@ class Pipeline:
         on_step: Callable[[Scheduler], None] | None = None,
         use_draft: bool = True,
     ) -> tuple[list[Request], RunMetrics]:
-        """Run every prompt as a concurrent request; returns finished requests (in prompt order) and run totals."""
+        """Run every prompt (text or token ids; a str or an id list is one prompt) as a concurrent request; returns
+        finished requests (in prompt order) and run totals."""
         config = GenerationConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens)
         scheduler = self.scheduler(trace, use_draft)
-        for prompt in prompts:
-            scheduler.add_request(self.encode(prompt), config)
+        for prompt in prompt_list(prompts)[0]:
+            scheduler.add_request(self.encode(prompt) if isinstance(prompt, str) else prompt, config)
         while scheduler.has_unfinished():
             scheduler.step()
             if on_step is not None:
