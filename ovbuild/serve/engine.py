@@ -130,7 +130,7 @@ class Engine:
                     log.exception("engine step failed; aborting the running batch")
                     self._errors += 1
                     self._fail_all(e)
-                self._publish()
+            self._publish()  # also after commands alone: an abort finishes its request without a step
         self.scheduler.abort_all("shutdown")
         self._publish()
 
