@@ -206,7 +206,7 @@ class Engine:
             caches["draft"] = drafter.model.cache.allocator
         return EngineStats(
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting) + self._inbox.qsize(),
+            waiting=len(self.scheduler.waiting),
             outstanding=self._outstanding,
             free_blocks={k: a.free_blocks for k, a in caches.items()},
             total_blocks={k: a.num_blocks for k, a in caches.items()},
