@@ -34,4 +34,17 @@ class CacheExhaustedError(OvbuildError):
 
 
 class RequestError(OvbuildError):
-    """A generation request cannot run as given: prompt not UTF-8, token ids outside the vocabulary, too long."""
+    """A generation request cannot be served as given (prompt not UTF-8, token ids outside the vocabulary, too long,
+    a bad parameter, messages the chat template refuses); `param` names the offending field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class OverloadedError(OvbuildError):
+    """The server already holds as many requests as it may queue; the client should retry later."""
+
+
+class MissingDependencyError(OvbuildError):
+    """An optional dependency (an extra such as ovbuild[serve]) is not installed."""

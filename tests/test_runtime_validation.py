@@ -218,7 +218,7 @@ def test_pipeline_checks_every_prompt_before_queueing_any(pipeline, monkeypatch)
         pipeline.generate(["fine", "a\udcfe"], 4)
     with pytest.raises(RequestError, match="prompt 2: 3 prompt tokens \\+ max_new_tokens 4094"):
         pipeline.generate(["a", "abc"], 4094)
-    with pytest.raises(RequestError, match="prompt 1 must be text"):
+    with pytest.raises(RequestError, match="a prompt must be a string or a non-empty list of token ids"):
         pipeline.generate([b"bytes"], 4)
     with pytest.raises(ConfigError, match="max_new_tokens must be an integer >= 1, got 0"):
         pipeline.generate(["a"], 0)

@@ -3,4 +3,4 @@
 Adding a command is one module here plus its name in COMMANDS.
 """
 
-COMMANDS: tuple[str, ...] = ("export", "inspect", "generate", "demo")
+COMMANDS: tuple[str, ...] = ("export", "inspect", "generate", "serve", "demo")

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ovbuild.errors import ConfigError, RequestError
 
 
@@ -26,10 +28,22 @@ def register(subparsers) -> None:
         default=[],
         help="a file holding one prompt, or a JSON list of prompts (.json)",
     )
+    p.add_argument(
+        "--prompt-ids",
+        action="append",
+        default=[],
+        help="a tokenized prompt as comma-separated token ids, e.g. 785,3974,13876 (repeatable)",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send each text prompt as a user message through the target's chat template",
+    )
     add_runtime_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-assistant-tokens", type=int, help="draft tokens verified per step (default: a full block)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--json", dest="json_path", help="write prompts, tokens, text and metrics to this file")
     p.add_argument("--trace", action="store_true", help="record every speculative step in the --json output")
     p.set_defaults(run=run)
@@ -114,11 +128,11 @@ def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
         check_positive_int(args.max_model_len, "--max-model-len")
 
 
-def read_prompts(args: argparse.Namespace) -> list[str]:
-    """--prompt texts then --prompt-file contents, each checked to be UTF-8."""
+def read_prompts(args: argparse.Namespace) -> list[str | list[int]]:
+    """Text prompts (--prompt, --prompt-file, each checked to be UTF-8) then token-id prompts (--prompt-ids)."""
     from ovbuild.runtime.validation import check_utf8
 
-    prompts = list(args.prompt)
+    prompts: list[str | list[int]] = list(args.prompt)
     for i, prompt in enumerate(prompts):
         check_utf8(prompt, f"--prompt {i + 1}")
     for file in args.prompt_file:
@@ -143,14 +157,52 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
             prompts += data
         else:
             prompts.append(text)
+    prompts += [_parse_ids(value) for value in args.prompt_ids]
     if not prompts:
-        raise ConfigError("no prompt given (use --prompt or --prompt-file)")
+        raise ConfigError("no prompt given (use --prompt, --prompt-file or --prompt-ids)")
     return prompts
+
+
+def _parse_ids(value: str) -> list[int]:
+    try:
+        ids = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError as e:
+        raise ConfigError(f"--prompt-ids {value!r}: expected comma-separated integers") from e
+    if not ids:
+        raise ConfigError("--prompt-ids: empty")
+    return ids
+
+
+def prompt_token_ids(
+    pipeline, prompts: list[str | list[int]], target: str, chat: bool, max_new_tokens: int
+) -> list[list[int]]:
+    """Token ids of every prompt, text prompts rendered through the chat template first with --chat; each checked
+    against the target's vocabulary and context length before the first is queued."""
+    from ovbuild.runtime.validation import check_prompt
+
+    template = None
+    if chat:
+        from ovbuild.serve.chat import ChatTemplate
+
+        template = ChatTemplate.from_folder(target)
+        if template is None:
+            raise ConfigError(f"{target}: --chat needs a chat template (chat_template.jinja or tokenizer_config.json)")
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            text = template.render([{"role": "user", "content": prompt}]) if template else prompt
+            prompt = pipeline.encode(text, f"prompt {i + 1}")
+        ids = np.asarray(prompt, np.int64)
+        check_prompt(ids, max_new_tokens, pipeline.target.vocab_size, pipeline.max_model_len, f"prompt {i + 1}")
+        out.append(prompt)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     from ovbuild.runtime.pipeline import Pipeline
     from ovbuild.runtime.report import format_metrics, results_json
+    from ovbuild.runtime.request import GenerationConfig
+    from ovbuild.runtime.streaming import stream_until_done
     from ovbuild.runtime.validation import check_positive_int, check_stop_strings, check_writable
 
     # Everything the user typed is checked before any model is read, and --json before any token is generated.
@@ -161,15 +213,13 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.json_path, "--json")
     prompts = read_prompts(args)
     pipeline = Pipeline(args.target, args.draft, runtime_options(args))
-    stream = _Streamer(pipeline) if len(prompts) == 1 else None
-    requests, metrics = pipeline.generate(
-        prompts, args.max_new_tokens, args.num_assistant_tokens, tuple(args.stop), trace=args.trace, on_step=stream
-    )
-    if stream is None:
-        for prompt, request in zip(prompts, requests, strict=True):
-            print(f"--- request {request.id} ({request.finish_reason})\n{prompt}{request.text}")
-    else:
-        stream.finish(requests[0])
+    eos = () if args.ignore_eos else pipeline.eos_token_ids
+    config = GenerationConfig(args.max_new_tokens, eos, tuple(args.stop), args.num_assistant_tokens)
+    scheduler = pipeline.scheduler(trace=args.trace)
+    for ids in prompt_token_ids(pipeline, prompts, args.target, args.chat, args.max_new_tokens):
+        scheduler.add_request(ids, config)
+    stream_until_done(scheduler, _Printer(len(prompts)), pipeline.decode)
+    requests, metrics = sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
     print(format_metrics(metrics, with_draft=args.draft is not None), file=sys.stderr)
     if args.json_path:
         text = json.dumps(results_json(prompts, requests, metrics, args.trace), indent=2)
@@ -180,21 +230,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Streamer:
-    """Prints a single request's text as it grows."""
+class _Printer:
+    """Streams text as it is committed: one request's text as is; several requests line by line, each line
+    prefixed by its request index ("[2] "), and a closing line per request with its finish reason."""
 
-    def __init__(self, pipeline):
-        self.pipeline, self.printed = pipeline, 0
+    def __init__(self, num_requests: int):
+        self.several, self.open_line = num_requests > 1, None  # index of the request whose line is open
 
-    def __call__(self, scheduler) -> None:
-        for request in scheduler.running:
-            self._emit(self.pipeline.decode(request.generated))
+    def __call__(self, request, text: str, finished: bool) -> None:
+        if not self.several:
+            print(text + ("\n" if finished else ""), end="", flush=True)
+            return
+        for i, piece in enumerate(text.split("\n")):
+            if i > 0:
+                self._close()
+            if piece:
+                self._open(request.id)
+                print(piece, end="")
+        if finished:
+            self._close()
+            print(f"[{request.id}] --- {request.finish_reason}, {len(request.generated)} tokens")
+        sys.stdout.flush()
 
-    def finish(self, request) -> None:
-        self._emit(request.text)
-        print(flush=True)
+    def _open(self, index: int) -> None:
+        if self.open_line != index:
+            self._close()
+            print(f"[{index}] ", end="")
+            self.open_line = index
 
-    def _emit(self, text: str) -> None:
-        if len(text) > self.printed:
-            print(text[self.printed :], end="", flush=True)
-            self.printed = len(text)
+    def _close(self) -> None:
+        if self.open_line is not None:
+            print()
+            self.open_line = None

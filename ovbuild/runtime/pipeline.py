@@ -19,6 +19,7 @@ from ovbuild.runtime.drafters import DRAFTERS, Drafter
 from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.prompts import prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
@@ -104,7 +105,7 @@ class Pipeline:
 
     def generate(
         self,
-        prompts: list[str],
+        prompts: str | list[int] | list[str | list[int]],
         max_new_tokens: int = 64,
         num_assistant_tokens: int | None = None,
         stop_strings: tuple[str, ...] = (),
@@ -112,9 +113,13 @@ class Pipeline:
         on_step: Callable[[Scheduler], None] | None = None,
         use_draft: bool = True,
     ) -> tuple[list[Request], RunMetrics]:
-        """Run every prompt as a concurrent request; returns finished requests (in prompt order) and run totals."""
+        """Run every prompt (text or token ids; a str or an id list is one prompt) as a concurrent request; returns
+        finished requests (in prompt order) and run totals."""
         config = GenerationConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens)
-        prompt_ids = [np.array(self.encode(p, f"prompt {i + 1}"), np.int64) for i, p in enumerate(prompts)]
+        prompt_ids = [
+            np.array(self.encode(p, f"prompt {i + 1}") if isinstance(p, str) else p, np.int64)
+            for i, p in enumerate(prompt_list(prompts)[0])
+        ]
         for i, ids in enumerate(prompt_ids):  # every prompt, before the first is queued
             check_prompt(ids, max_new_tokens, self.target.vocab_size, self.max_model_len, f"prompt {i + 1}")
         scheduler = self.scheduler(trace, use_draft)

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 EOS_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|mask|>"
 EOS_ID, MASK_ID = 256, 257
+
+# A ChatML template in the shape of Qwen's (its markers are plain text to this byte-level tokenizer), so chat
+# requests run on the tiny target; it refuses unknown roles through raise_exception as real templates do.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message.role not in ['system', 'user', 'assistant'] %}"
+    "{{- raise_exception('unknown role: ' + message.role) }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -24,12 +37,16 @@ def byte_level_tokenizer() -> Tokenizer:
 
 
 def write_tokenizer(folder: Path) -> None:
-    """tokenizer.json and a minimal tokenizer_config.json, as Hugging Face checkpoints ship them."""
+    """tokenizer.json and a minimal tokenizer_config.json with a chat template, as Hugging Face checkpoints have."""
     byte_level_tokenizer().save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        f'{{"eos_token": "{EOS_TOKEN}", "bos_token": null, "pad_token": "{EOS_TOKEN}", '
-        '"tokenizer_class": "PreTrainedTokenizerFast"}\n'
-    )
+    config = {
+        "eos_token": EOS_TOKEN,
+        "bos_token": None,
+        "pad_token": EOS_TOKEN,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _byte_of(char: str) -> int:

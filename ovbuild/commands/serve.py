@@ -1,0 +1,57 @@
+"""`ovbuild serve`: an OpenAI-compatible server (completions, chat, streaming, metrics) on exported folders."""
+
+from __future__ import annotations
+
+import argparse
+
+from ovbuild.commands.generate import add_runtime_arguments, runtime_options
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve an exported target (and draft) over an OpenAI-compatible HTTP API",
+        description="Serve POST /v1/completions and /v1/chat/completions (streaming or not), GET /v1/models, "
+        "/health and /metrics (Prometheus). Requests from every client share one continuously batched, "
+        "speculatively decoded run. Needs the serve extra: pip install 'ovbuild[serve]'.",
+    )
+    p.add_argument("--target", required=True, help="exported target folder")
+    p.add_argument("--draft", help="exported draft folder (omit to serve the target alone)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="the model name clients send (default: the --target path)")
+    p.add_argument(
+        "--max-requests",
+        type=int,
+        default=256,
+        help="requests held at once, running and waiting; more are answered 503 (default 256)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=256,
+        help="completion budget of chat requests that set no max_tokens (completions default to 16, as OpenAI)",
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_runtime_arguments(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ovbuild.errors import MissingDependencyError
+    from ovbuild.serve.server import build_app
+
+    app = build_app(
+        args.target,
+        args.draft,
+        runtime_options(args),
+        args.served_model_name,
+        args.max_requests,
+        args.default_max_tokens,
+    )
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise MissingDependencyError("ovbuild serve needs uvicorn: pip install 'ovbuild[serve]'") from e
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,1 @@
+"""`ovbuild serve`: an OpenAI-compatible HTTP server on the continuous-batching runtime (needs ovbuild[serve])."""

@@ -1,0 +1,248 @@
+"""The ASGI app: OpenAI-compatible endpoints over one engine, plus /health and /metrics.
+
+POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events ending in [DONE])
+GET  /v1/models, /health, /metrics
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ovbuild.errors import OverloadedError, RequestError
+from ovbuild.runtime.prompts import PromptLimits, prompt_list
+from ovbuild.runtime.request import GenerationConfig
+from ovbuild.serve.chat import ChatTemplate
+from ovbuild.serve.engine import Engine, Event, Ticket
+from ovbuild.serve.protocol import (
+    ChatCompletionRequest,
+    ChatFormat,
+    CompletionFormat,
+    CompletionRequest,
+    Format,
+    SamplingFields,
+    chat_messages,
+    error_body,
+    generation_config,
+)
+
+# How often a non-streaming request checks whether its client is still there.
+_DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class ServedModel:
+    """What the endpoints need besides the engine: the name, tokenizer, template, limits and defaults."""
+
+    name: str
+    encode: Callable[[str], list[int]]
+    base_config: GenerationConfig
+    limits: PromptLimits
+    chat_template: ChatTemplate | None = None
+    default_max_tokens: int = 256  # chat requests without max_tokens (completions default to 16, as OpenAI's)
+
+    @classmethod
+    def from_folder(cls, name: str, target_dir: str | Path, pipeline, default_max_tokens: int = 256) -> ServedModel:
+        return cls(
+            name,
+            pipeline.encode,
+            GenerationConfig(eos_token_ids=pipeline.eos_token_ids),
+            PromptLimits.from_folder(target_dir),
+            ChatTemplate.from_folder(target_dir),
+            default_max_tokens,
+        )
+
+
+def create_app(engine: Engine, model: ServedModel) -> FastAPI:
+    """The app; it starts the engine thread on startup and stops it on shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not engine.alive:
+            engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="ovbuild serve", lifespan=lifespan)
+    app.state.engine, app.state.model = engine, model
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+        return _error(400, message, "invalid_request_error", loc[0] if loc else None)
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, exc: RequestError):
+        return _error(400, str(exc), "invalid_request_error", exc.param)
+
+    @app.exception_handler(OverloadedError)
+    async def overloaded(request: Request, exc: OverloadedError):
+        return _error(503, str(exc), "service_unavailable_error", None, "overloaded")
+
+    @app.get("/health")
+    async def health():
+        stats = engine.stats
+        ok = engine.alive
+        body = {"status": "ok" if ok else "engine stopped", **stats.__dict__}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = engine.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": model.name, "object": "model", "created": 0, "owned_by": "ovbuild"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_model(body, model)
+        prompts, _ = prompt_list(body.prompt)
+        ids = [model.encode(p) if isinstance(p, str) else p for p in prompts]
+        return await _serve(engine, model, body, ids, CompletionFormat(model.name), request, default_max_tokens=16)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        _check_model(body, model)
+        if model.chat_template is None:
+            raise RequestError(f"model '{model.name}' has no chat template: use /v1/completions", "messages")
+        text = model.chat_template.render(
+            chat_messages(body), body.add_generation_prompt, **(body.chat_template_kwargs or {})
+        )
+        ids = [model.encode(text)]
+        return await _serve(engine, model, body, ids, ChatFormat(model.name), request, model.default_max_tokens)
+
+    return app
+
+
+def _check_model(body: SamplingFields, model: ServedModel) -> None:
+    if body.model is not None and body.model != model.name:
+        raise RequestError(f"the model '{body.model}' is not served here (this server serves '{model.name}')", "model")
+
+
+def _error(status: int, message: str, kind: str, param: str | None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+async def _serve(
+    engine: Engine,
+    model: ServedModel,
+    body: SamplingFields,
+    ids: list[list[int]],
+    fmt: Format,
+    request: Request,
+    default_max_tokens: int,
+) -> Response:
+    """Submit every prompt, wait until the scheduler accepted them all (or refused one: 400), then answer."""
+    configs = []
+    for prompt in ids:
+        model.limits.check_ids(prompt)
+        configs.append(generation_config(body, len(prompt), model.base_config, model.limits, default_max_tokens))
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    tickets = engine.submit(ids, configs, [_sink(loop, events, i) for i in range(len(ids))])
+    pending: list[tuple[int, Event]] = []
+    try:
+        accepted = 0
+        while accepted < len(tickets):
+            index, event = await events.get()
+            if event.error is not None:
+                raise event.error
+            accepted += event.accepted
+            if not event.accepted:
+                pending.append((index, event))
+    except BaseException:
+        _cancel(tickets)
+        raise
+    if body.stream:
+        stream = _stream(events, pending, tickets, fmt, body.include_usage)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _collect(events, pending, tickets, fmt, request)
+
+
+def _sink(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int) -> Callable[[Event], None]:
+    """Hands the engine thread's events to the request's event loop."""
+
+    def put(event: Event) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
+            loop.call_soon_threadsafe(events.put_nowait, (index, event))
+
+    return put
+
+
+def _cancel(tickets: list[Ticket]) -> None:
+    for ticket in tickets:
+        ticket.cancel()
+
+
+async def _next(events: asyncio.Queue, pending: list) -> tuple[int, Event]:
+    """The next event of the request's prompts (those read while waiting for acceptance first); errors raise."""
+    index, event = pending.pop(0) if pending else await events.get()
+    if event.error is not None:
+        raise event.error
+    return index, event
+
+
+async def _stream(events, pending, tickets, fmt: Format, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events; a client that goes away cancels the generator, and the finally aborts its requests."""
+    finished = False
+    try:
+        for chunk in fmt.opening_chunks(len(tickets)):
+            yield _sse(chunk)
+        done = prompt_tokens = completion_tokens = 0
+        while done < len(tickets):
+            index, event = await _next(events, pending)
+            if event.text or event.last:
+                yield _sse(fmt.chunk(index, event.text, event.finish_reason))
+            done += event.last
+            prompt_tokens += event.prompt_tokens
+            completion_tokens += event.completion_tokens
+        if include_usage:
+            yield _sse(fmt.usage_chunk(prompt_tokens, completion_tokens))
+        finished = True
+        yield "data: [DONE]\n\n"
+    except Exception as e:  # the headers are sent: report in-band, as OpenAI does
+        yield _sse(error_body(str(e), "server_error"))
+    finally:
+        if not finished:
+            _cancel(tickets)
+
+
+async def _collect(events, pending, tickets, fmt: Format, request: Request) -> Response:
+    """The whole answer; polls for a client that left, so its requests do not run on for nobody."""
+    texts, reasons = [""] * len(tickets), [None] * len(tickets)
+    done = prompt_tokens = completion_tokens = 0
+    try:
+        while done < len(tickets):
+            try:
+                index, event = await asyncio.wait_for(_next(events, pending), _DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    _cancel(tickets)
+                    return Response(status_code=499)
+                continue
+            texts[index] += event.text
+            if event.last:
+                reasons[index] = event.finish_reason
+                done += 1
+                prompt_tokens += event.prompt_tokens
+                completion_tokens += event.completion_tokens
+    except BaseException:
+        _cancel(tickets)
+        raise
+    return JSONResponse(fmt.response(texts, reasons, prompt_tokens, completion_tokens))
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

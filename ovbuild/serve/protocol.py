@@ -1,0 +1,218 @@
+"""The OpenAI API's request bodies (validated by pydantic), the one mapping to a GenerationConfig, and the responses.
+
+Fields the API defines but ovbuild cannot honour yet are accepted by the schema and refused by name in
+`generation_config` (a 400, never a silent change of meaning); unknown fields are ignored, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ovbuild.errors import RequestError
+from ovbuild.runtime.prompts import PromptLimits
+from ovbuild.runtime.request import GenerationConfig
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class SamplingFields(_Body):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    n: int = Field(1, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever the model says
+    num_assistant_tokens: int | None = Field(None, ge=0)  # ovbuild's: draft tokens verified per step
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(_Body):
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... reach the template as they came
+
+    role: str
+    content: str | list[dict] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None
+
+
+def generation_config(
+    body: SamplingFields,
+    prompt_len: int,
+    base: GenerationConfig,
+    limits: PromptLimits,
+    default_max_tokens: int,
+) -> GenerationConfig:
+    """The one place an API request becomes a GenerationConfig: budget, stops, EOS, and (once the runtime samples)
+    temperature / top_p / top_k / seed. Raises RequestError naming the field it cannot honour."""
+    _refuse_unsupported(body)
+    requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return dataclasses.replace(
+        base,
+        max_new_tokens=limits.max_new_tokens(prompt_len, requested, default_max_tokens),
+        stop_strings=tuple(s for s in stop if s),
+        eos_token_ids=() if body.ignore_eos else base.eos_token_ids,
+        num_assistant_tokens=body.num_assistant_tokens,
+    )
+
+
+def _refuse_unsupported(body: SamplingFields) -> None:
+    # Greedy decoding only, for now: temperature absent or 0, or top_k 1 (which is greedy at any temperature).
+    if body.temperature and body.top_k != 1:
+        raise RequestError(
+            f"sampling is not supported yet (temperature={body.temperature}): ovbuild decodes greedily; "
+            "omit temperature or send 0",
+            "temperature",
+        )
+    refusals = {
+        "n": (body.n > 1, "n > 1 is not supported (greedy decoding gives one choice per prompt)"),
+        "presence_penalty": (body.presence_penalty != 0, "presence_penalty is not supported"),
+        "frequency_penalty": (body.frequency_penalty != 0, "frequency_penalty is not supported"),
+        "logit_bias": (bool(body.logit_bias), "logit_bias is not supported"),
+        "logprobs": (bool(getattr(body, "logprobs", None)), "logprobs are not supported"),
+        "echo": (bool(getattr(body, "echo", False)), "echo is not supported"),
+        "best_of": ((getattr(body, "best_of", None) or 1) > 1, "best_of > 1 is not supported"),
+        "suffix": (bool(getattr(body, "suffix", None)), "suffix is not supported"),
+        "tools": (bool(getattr(body, "tools", None)), "tools are not supported"),
+        "response_format": (
+            (getattr(body, "response_format", None) or {}).get("type", "text") != "text",
+            "only response_format type 'text' is supported",
+        ),
+    }
+    for param, (refused, message) in refusals.items():
+        if refused:
+            raise RequestError(message, param)
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    """Messages as a template expects them: content a string (text parts of a list joined)."""
+    out = []
+    for i, message in enumerate(body.messages):
+        m = message.model_dump(exclude_none=True)
+        if isinstance(m.get("content"), list):
+            parts = m["content"]
+            if any(p.get("type") != "text" for p in parts):
+                raise RequestError(f"messages[{i}]: only text content parts are supported", "messages")
+            m["content"] = "".join(p.get("text", "") for p in parts)
+        m.setdefault("content", "")
+        out.append(m)
+    return out
+
+
+# -- responses -----------------------------------------------------------------------------------------------------
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    """The OpenAI error shape: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class Format:
+    """How one endpoint shapes its answers: the whole response, stream chunks, the closing usage chunk."""
+
+    object: str
+    chunk_object: str
+    id_prefix: str
+
+    def __init__(self, model: str):
+        self.model, self.id, self.created = model, f"{self.id_prefix}-{uuid.uuid4().hex}", int(time.time())
+
+    def _envelope(self, kind: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def response(self, texts: list[str], reasons: list[str | None], prompt_tokens: int, completion_tokens: int):
+        choices = [self.choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons, strict=True))]
+        return {**self._envelope(self.object, choices), "usage": usage(prompt_tokens, completion_tokens)}
+
+    def chunk(self, index: int, text: str, reason: str | None) -> dict:
+        return self._envelope(self.chunk_object, [self.chunk_choice(index, text, reason)])
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._envelope(self.chunk_object, []), "usage": usage(prompt_tokens, completion_tokens)}
+
+    def opening_chunks(self, n: int) -> list[dict]:
+        return []
+
+    def choice(self, index: int, text: str, reason: str | None) -> dict:
+        raise NotImplementedError
+
+    def chunk_choice(self, index: int, text: str, reason: str | None) -> dict:
+        raise NotImplementedError
+
+
+class CompletionFormat(Format):
+    object = chunk_object = "text_completion"
+    id_prefix = "cmpl"
+
+    def choice(self, index, text, reason):
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+
+    chunk_choice = choice
+
+
+class ChatFormat(Format):
+    object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def choice(self, index, text, reason):
+        message = {"role": "assistant", "content": text}
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
+
+    def chunk_choice(self, index, text, reason):
+        delta = {"content": text} if text else {}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+    def opening_chunks(self, n: int) -> list[dict]:
+        """The assistant role comes first in a chat stream, as OpenAI sends it."""
+        role = {"role": "assistant", "content": ""}
+        return [
+            self._envelope(self.chunk_object, [{"index": i, "delta": role, "logprobs": None, "finish_reason": None}])
+            for i in range(n)
+        ]
