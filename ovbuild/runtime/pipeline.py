@@ -94,9 +94,13 @@ class Pipeline:
         trace: bool = False,
         on_step: Callable[[Scheduler], None] | None = None,
         use_draft: bool = True,
+        **sampling,
     ) -> tuple[list[Request], RunMetrics]:
-        """Run every prompt as a concurrent request; returns finished requests (in prompt order) and run totals."""
-        config = GenerationConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens)
+        """Run every prompt as a concurrent request; returns finished requests (in prompt order) and run totals.
+        `sampling`: GenerationConfig's do_sample, temperature, top_k, top_p, rng_seed (greedy by default)."""
+        config = GenerationConfig(
+            max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens, **sampling
+        )
         scheduler = self.scheduler(trace, use_draft)
         for prompt in prompts:
             scheduler.add_request(self.encode(prompt), config)
