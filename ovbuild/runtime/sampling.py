@@ -42,11 +42,12 @@ def check_sampling(temperature: float, top_k: int, top_p: float, rng_seed: int, 
 
 def processed_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """logits [R, V] -> p [R, V] float64: softmax(logits / T), cut by top-k then top-p and renormalized."""
-    x = np.asarray(logits, np.float64) / params.temperature  # [R, V]
-    x -= x.max(axis=-1, keepdims=True)
-    p = np.exp(x)
-    p /= p.sum(axis=-1, keepdims=True)
-    for row in p:  # in place, one row at a time: the cuts look only at a row's head
+    p = np.empty(logits.shape, np.float64)
+    for x, row in zip(logits, p, strict=True):  # a row at a time: a float64 row of 151,936 stays in cache
+        np.multiply(x, 1.0 / params.temperature, out=row, dtype=np.float64)
+        row -= row.max()
+        np.exp(row, out=row)
+        row /= row.sum()
         if 0 < params.top_k < row.size:
             _top_k(row, params.top_k)
         if params.top_p < 1:
