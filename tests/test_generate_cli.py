@@ -77,6 +77,19 @@ def test_missing_prompt_and_missing_folder_are_clean_errors(folders, tmp_path, c
     assert "no such IR file" in capsys.readouterr().err
 
 
+def test_sampling_options_same_seed_same_output_and_clean_errors(folders, tmp_path, capsys):
+    sample = ("--draft", str(folders[1]), "--do-sample", "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9")
+    runs = [generate(folders, tmp_path, *sample, "--seed", seed) for seed in ("5", "5", "6")]
+    ids = [[r["generated_ids"] for r in run["requests"]] for run in runs]
+    assert ids[0] == ids[1] and ids[0] != ids[2]
+    target, _ = folders
+    capsys.readouterr()
+    for bad, message in (("--temperature=0", "temperature = 0.0"), ("--top-p=1.5", "top_p = 1.5")):
+        assert main(["generate", "--target", str(target), "--prompt", "a", "--do-sample", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"ovbuild: error: {message}") and err.count("\n") == 1
+
+
 def test_demo_on_the_tiny_pair_is_lossless(capsys):
     assert main(["demo", "--tiny", "--max-new-tokens", "8", "--num-assistant-tokens", "3"]) == 0
     out = capsys.readouterr().out

@@ -141,7 +141,7 @@ def test_models_and_health(server):
         ({"prompt": "x", "max_tokens": 5000}, "max_tokens", "maximum context length is 4096"),
         ({"prompt": [1] * 4096}, "prompt", "maximum context length is 4096"),
         ({"prompt": [1, 99999]}, "prompt", "token id 99999 is outside the vocabulary"),
-        ({"prompt": "x", "temperature": 0.8}, "temperature", "sampling is not supported yet"),
+        ({"prompt": "x", "temperature": 0.8, "top_p": 1.5}, "top_p", "less than or equal to 1"),
         ({"prompt": "x", "n": 2}, "n", "n > 1 is not supported"),
         ({"prompt": "x", "stream": "sometimes"}, "stream", "valid boolean"),
         ({"max_tokens": 3}, "prompt", "Field required"),
@@ -162,6 +162,22 @@ def test_greedy_compatible_sampling_fields_are_accepted(client, alone):
     for extra in ({"temperature": 0}, {"temperature": 0.7, "extra_body": {"top_k": 1}}, {"top_p": 0.9, "seed": 3}):
         answer = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, **extra)
         assert answer.choices[0].text == expected[0].text
+
+
+def test_sampling_requests_are_reproducible_and_equal_the_pipeline(client, alone):
+    """temperature > 0 samples with GenAI's processing; a seed makes the answer the pipeline's for that seed."""
+    pipeline, _ = alone
+    sampling = dict(do_sample=True, temperature=0.9, top_k=0, top_p=0.95, rng_seed=11)
+    (expected,), _ = pipeline.generate([PROMPTS[0]], MAX_TOKENS, use_draft=False, **sampling)
+    answers = [
+        client.completions.create(
+            model=MODEL, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=11
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
+    assert answers == [expected.text, expected.text]
 
 
 def test_invalid_chat_requests_get_400(server):

@@ -68,6 +68,27 @@ def test_lossless_with_concurrent_requests(family_folders, steer):
             assert allocator.free_blocks == allocator.num_blocks
 
 
+def test_sampling_is_reproducible_and_point_mass_families_give_the_target_alone_tokens(family_folders):
+    """DFlash v2 and DSpark propose deterministically (point masses): same seed, the target alone's tokens. DeepSpec
+    DFlash samples its proposals: same seed, same tokens."""
+    family, target_model, draft_dir = family_folders
+    prompt = [3, 14, 15, 92, 65]
+    results = []
+    for drafter in (
+        None,
+        DRAFTERS[family].from_folder(draft_dir, **F32),
+        DRAFTERS[family].from_folder(draft_dir, **F32),
+    ):
+        scheduler = Scheduler(PagedModel(target_model, **F32), drafter, max_num_batched_tokens=48)
+        configs = [GenerationConfig(max_new_tokens=10, do_sample=True, top_k=8, rng_seed=s) for s in range(3)]
+        requests = [scheduler.add_request(prompt, c) for c in configs]
+        scheduler.run()
+        results.append([r.generated for r in requests])
+    assert results[1] == results[2]
+    if getattr(drafter, "head", None) is not None:  # a lattice or Markov head: deterministic proposals
+        assert results[0] == results[1]
+
+
 def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target):
     from ovbuild.runtime.drafters import DraftItem
     from ovbuild.runtime.reference import DRAFT_REFERENCES

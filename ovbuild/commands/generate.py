@@ -17,7 +17,8 @@ def register(subparsers) -> None:
         "generate",
         help="generate text with speculative decoding (continuous batching)",
         description="Run prompts as concurrent requests on an exported target, with a draft "
-        "(speculative decoding) or without (the target alone). Greedy and lossless.",
+        "(speculative decoding) or without (the target alone). Greedy by default, or sampling (--do-sample); "
+        "lossless either way (in distribution when sampling).",
     )
     p.add_argument("--target", required=True, help="exported target folder")
     p.add_argument("--draft", help="exported draft folder (omit to run the target alone)")
@@ -44,9 +45,38 @@ def register(subparsers) -> None:
     p.add_argument("--num-assistant-tokens", type=int, help="draft tokens verified per step (default: a full block)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    add_sampling_arguments(p)
     p.add_argument("--json", dest="json_path", help="write prompts, tokens, text and metrics to this file")
     p.add_argument("--trace", action="store_true", help="record every speculative step in the --json output")
     p.set_defaults(run=run)
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """Sampling options with OpenVINO GenAI's meanings (greedy unless --do-sample)."""
+    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="keep the smallest head of mass >= p (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (rng_seed): same seed, same output")
+    p.add_argument(
+        "--speculative-sampling",
+        choices=["exact", "rejection"],
+        default="exact",
+        help="how sampled draft tokens are verified: exact (default: the target alone's tokens for the seed) or "
+        "rejection (Leviathan et al.: same distribution, tokens depend on the draft length)",
+    )
+
+
+def sampling_options(args: argparse.Namespace) -> dict:
+    """GenerationConfig's sampling fields from the command line (checked there: one-line errors)."""
+    return dict(
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        rng_seed=args.seed,
+        speculative_sampling=args.speculative_sampling,
+    )
 
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
@@ -212,9 +242,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json_path:
         check_writable(args.json_path, "--json")
     prompts = read_prompts(args)
+    GenerationConfig(**sampling_options(args))  # bad sampling values fail before any model loads
     pipeline = Pipeline(args.target, args.draft, runtime_options(args))
     eos = () if args.ignore_eos else pipeline.eos_token_ids
-    config = GenerationConfig(args.max_new_tokens, eos, tuple(args.stop), args.num_assistant_tokens)
+    config = GenerationConfig(
+        args.max_new_tokens, eos, tuple(args.stop), args.num_assistant_tokens, **sampling_options(args)
+    )
     scheduler = pipeline.scheduler(trace=args.trace)
     for ids in prompt_token_ids(pipeline, prompts, args.target, args.chat, args.max_new_tokens):
         scheduler.add_request(ids, config)

@@ -112,10 +112,14 @@ class Pipeline:
         trace: bool = False,
         on_step: Callable[[Scheduler], None] | None = None,
         use_draft: bool = True,
+        **sampling,
     ) -> tuple[list[Request], RunMetrics]:
         """Run every prompt (text or token ids; a str or an id list is one prompt) as a concurrent request; returns
-        finished requests (in prompt order) and run totals."""
-        config = GenerationConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens)
+        finished requests (in prompt order) and run totals. `sampling`: GenerationConfig's do_sample, temperature,
+        top_k, top_p, rng_seed (greedy by default)."""
+        config = GenerationConfig(
+            max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens, **sampling
+        )
         prompt_ids = [
             np.array(self.encode(p, f"prompt {i + 1}") if isinstance(p, str) else p, np.int64)
             for i, p in enumerate(prompt_list(prompts)[0])

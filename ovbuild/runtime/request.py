@@ -8,22 +8,39 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ovbuild.runtime.metrics import RequestMetrics
+from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.validation import check_positive_int, check_stop_strings
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Per-request settings (greedy decoding): when to stop and how many draft tokens to verify per step."""
+    """Per-request settings: when to stop, how many draft tokens to verify per step, greedy (default) or sampling
+    (OpenVINO GenAI's names; top_k 0 and top_p 1 are off)."""
 
     max_new_tokens: int = 64
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     num_assistant_tokens: int | None = None  # None = the drafter's full block
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    rng_seed: int = 0
+    speculative_sampling: str = "exact"  # how sampled draft tokens are verified: sampling.VERIFICATIONS
 
     def __post_init__(self):
         # checked here, before any request is queued: a negative value would break the worst-case reservation
         check_positive_int(self.max_new_tokens, "max_new_tokens")
         check_stop_strings(self.stop_strings, "stop_strings")
+        check_sampling(self.temperature, self.top_k, self.top_p, self.rng_seed, self.do_sample)
+        check_verification(self.speculative_sampling)
+
+    @property
+    def sampling(self) -> SamplingParams | None:
+        """The sampling parameters, or None for greedy decoding."""
+        if not self.do_sample:
+            return None
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.rng_seed, self.speculative_sampling)
 
 
 class Status(enum.Enum):

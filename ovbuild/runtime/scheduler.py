@@ -4,7 +4,8 @@ Each step:
   1. admit waiting requests whose worst-case length fits both caches (others wait; nothing is ever evicted);
   2. one target call packs the verification rows [anchor, d1..dk] of decoding requests and prompt chunks of
      prefilling ones (bounded by max_num_batched_tokens);
-  3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token;
+  3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token
+     (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits);
      the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them;
   4. one draft call packs, per request, the target taps it has not seen and (when decoding) a new block.
 """
@@ -23,6 +24,7 @@ from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.validation import check_prompt, token_ids
+from ovbuild.runtime.verify import verify_sampled
 
 
 class Scheduler:
@@ -164,14 +166,16 @@ class Scheduler:
         )
         self.metrics.target_infer_s += time.perf_counter() - start
         greedy = out["greedy_ids"]  # [R], the argmax computed inside the graph
+        logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
         hidden = out.get("hidden_states")
         done, row, logit_row = [], 0, 0
         for request, tokens, want in batch:
             taps = hidden[row : row + len(tokens)] if hidden is not None and self.drafter is not None else None
+            rows = slice(logit_row, logit_row + len(want))
             if request.status is Status.PREFILL:
-                self._prefilled(request, tokens, taps, greedy[logit_row : logit_row + len(want)])
+                self._prefilled(request, tokens, taps, greedy[rows], logits[rows])
             else:
-                self._verify(request, greedy[logit_row : logit_row + len(want)], taps)
+                self._verify(request, greedy[rows], taps, logits[rows])
             if request.status is Status.FINISHED:
                 done.append(request)
             row += len(tokens)
@@ -195,20 +199,28 @@ class Scheduler:
                 budget -= n
         return batch
 
-    def _prefilled(self, request: Request, chunk: list[int], taps, greedy: np.ndarray) -> None:
+    def _prefilled(self, request: Request, chunk: list[int], taps, greedy: np.ndarray, logits: np.ndarray) -> None:
         request.target_len += len(chunk)
         if taps is not None:
             request.pending_taps.append(taps.copy())
         if request.target_len == len(request.prompt):
             request.status = Status.DECODE
             request.metrics.first_token_time = time.perf_counter()
-            self._commit(request, [int(greedy[-1])])
+            sampling = request.config.sampling
+            first = [int(greedy[-1])] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
+            self._commit(request, first)
 
-    def _verify(self, request: Request, greedy: np.ndarray, taps) -> None:
-        proposal = request.proposal
-        accepted = 0
-        while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:
-            accepted += 1
+    def _verify(self, request: Request, greedy: np.ndarray, taps, logits: np.ndarray) -> None:
+        proposal, sampling = request.proposal, request.config.sampling
+        if sampling is None:
+            accepted = 0
+            while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:
+                accepted += 1
+            committed = [*proposal[:accepted], int(greedy[accepted])]
+        else:
+            q = getattr(proposal, "q", None)  # a sampled Proposal's draft distributions; else point masses
+            committed = verify_sampled(logits, list(proposal), q, sampling, len(request.generated))
+            accepted = len(committed) - 1
         if self.trace:
             request.trace.append(
                 {"anchor_position": request.target_len, "proposed": list(proposal), "accepted": accepted}
@@ -218,7 +230,7 @@ class Scheduler:
             request.pending_taps.append(taps[: accepted + 1].copy())
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         request.proposal = []
-        self._commit(request, [*proposal[:accepted], int(greedy[accepted])])
+        self._commit(request, committed)
 
     def _commit(self, request: Request, tokens: list[int]) -> None:
         """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
@@ -264,7 +276,7 @@ class Scheduler:
                 anchor = request.anchor if k > 0 else None
             if context is None and anchor is None:
                 continue
-            items.append(DraftItem(request.id, context, anchor, k))
+            items.append(DraftItem(request.id, context, anchor, k, request.config.sampling, len(request.generated)))
             owners.append(request)
         if not items:
             return

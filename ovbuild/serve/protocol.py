@@ -7,6 +7,7 @@ Fields the API defines but ovbuild cannot honour yet are accepted by the schema 
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
 import uuid
 
@@ -82,8 +83,9 @@ def generation_config(
     limits: PromptLimits,
     default_max_tokens: int,
 ) -> GenerationConfig:
-    """The one place an API request becomes a GenerationConfig: budget, stops, EOS, and (once the runtime samples)
-    temperature / top_p / top_k / seed. Raises RequestError naming the field it cannot honour."""
+    """The one place an API request becomes a GenerationConfig: budget, stops, EOS, and sampling. temperature absent
+    or 0 (or top_k 1) is greedy, so that answers equal the target's own unless a client asks to sample; top_k -1 (vLLM)
+    and 0 (GenAI) are off; without a seed a sampling request draws one. Raises RequestError naming the field."""
     _refuse_unsupported(body)
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -93,17 +95,22 @@ def generation_config(
         stop_strings=tuple(s for s in stop if s),
         eos_token_ids=() if body.ignore_eos else base.eos_token_ids,
         num_assistant_tokens=body.num_assistant_tokens,
+        **_sampling(body),
     )
 
 
+def _sampling(body: SamplingFields) -> dict:
+    if not body.temperature or body.top_k == 1:
+        return {"do_sample": False}
+    seed = body.seed if body.seed is not None else secrets.randbits(63)
+    if seed < 0:
+        raise RequestError(f"seed must be >= 0, got {seed}", "seed")
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+    top_p = body.top_p if body.top_p is not None else 1.0
+    return {"do_sample": True, "temperature": body.temperature, "top_k": top_k, "top_p": top_p, "rng_seed": seed}
+
+
 def _refuse_unsupported(body: SamplingFields) -> None:
-    # Greedy decoding only, for now: temperature absent or 0, or top_k 1 (which is greedy at any temperature).
-    if body.temperature and body.top_k != 1:
-        raise RequestError(
-            f"sampling is not supported yet (temperature={body.temperature}): ovbuild decodes greedily; "
-            "omit temperature or send 0",
-            "temperature",
-        )
     refusals = {
         "n": (body.n > 1, "n > 1 is not supported (greedy decoding gives one choice per prompt)"),
         "presence_penalty": (body.presence_penalty != 0, "presence_penalty is not supported"),

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ovbuild.runtime.sampling import SamplingParams, sample_rows
+
 
 @dataclass(frozen=True)
 class DraftItem:
@@ -16,6 +18,28 @@ class DraftItem:
     context: np.ndarray | None  # [S, n * H_t] target taps of tokens the draft has not seen yet, or None
     anchor: int | None  # the last committed token, or None for a context-only row set (prompt still prefilling)
     num_tokens: int  # proposals wanted from this block
+    sampling: SamplingParams | None = None  # None = greedy
+    position: int = 0  # output position of the first proposed token (where its random draws come from)
+
+
+class Proposal(list):
+    """Proposed tokens that were sampled: `q` [n, V] holds the distribution each was drawn from, for verification.
+
+    A plain list of tokens is a point-mass proposal. Cut with `head`, which keeps q aligned (slicing drops it, and a
+    sampled proposal verified as point masses stays lossless but accepts less)."""
+
+    def __init__(self, tokens: list[int], q: np.ndarray):
+        super().__init__(tokens)
+        self.q = q  # [n, V]
+
+    def head(self, n: int) -> Proposal:
+        return Proposal(self[:n], self.q[:n])
+
+
+def sampled_proposal(item: DraftItem, logits: np.ndarray) -> Proposal:
+    """Proposal drawn from the processed distribution of each candidate row: logits [n, V] -> n tokens with q."""
+    tokens, q = sample_rows(logits[: item.num_tokens], item.sampling, item.position)
+    return Proposal(tokens, q)
 
 
 class Drafter(ABC):
@@ -36,7 +60,8 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, items: list[DraftItem]) -> list[list[int]]:
-        """Commit each item's context rows and return up to `num_tokens` proposed tokens per item ([] if no anchor)."""
+        """Commit each item's context rows and return up to `num_tokens` proposed tokens per item ([] if no anchor);
+        a family that samples its proposals for sampling items returns them as `Proposal`s."""
 
     @abstractmethod
     def can_hold(self, seq_id: int, length: int) -> bool:

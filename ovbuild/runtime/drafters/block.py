@@ -1,6 +1,8 @@
 """BlockDrafter: runs a per-row DFlash-family backbone IR (context rows then block rows per sequence).
 
-DFlash v1 proposes the argmax of each candidate row; families with a Markov head override `choose`.
+DFlash v1 proposes the argmax of each candidate row, or for a sampling request a draw from the row's processed
+distribution (its rows are independent: each sees the anchor and mask tokens only); families with a Markov head
+override `choose`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import openvino as ov
 
 from ovbuild.graph.ir import read_ir
 from ovbuild.graph.rt_info import get_rt_info
-from ovbuild.runtime.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.drafters.base import Drafter, DraftItem, sampled_proposal
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
 
@@ -75,12 +77,16 @@ class BlockDrafter(Drafter):
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
     ) -> list[list[int]]:
-        """Greedy proposals: the argmax of each candidate row, the first `num_tokens` of each block."""
-        best = outputs["greedy_ids"]  # [R]
-        return [
-            best[candidate_begins[i] : candidate_begins[i + 1]][: item.num_tokens].tolist()
-            for i, item in enumerate(items)
-        ]
+        """The first `num_tokens` candidate rows of each block: their argmax, or draws for a sampling request."""
+        best, logits = outputs["greedy_ids"], outputs["logits"]  # [R], [R, V]
+        proposals = []
+        for i, item in enumerate(items):
+            rows = slice(candidate_begins[i], candidate_begins[i + 1])
+            sampled = item.sampling is not None and item.num_tokens > 0
+            proposals.append(
+                sampled_proposal(item, logits[rows]) if sampled else best[rows][: item.num_tokens].tolist()
+            )
+        return proposals
 
     def _inputs(
         self, items: list[DraftItem], rows: list[SequenceRows], blocks: list[int]

@@ -1,8 +1,10 @@
 """DSparkDrafter: the DFlash backbone with candidate offset 0, then the Markov head IR in one extra call per step.
 
 Proposals come from the head's exact greedy chain (default) or from a greedy walk of its Top-K lattice; a DeepSpec
-DFlash draft (no head) proposes each row's argmax. With a confidence head and a threshold > 0, a proposal stops before
-the first row whose confidence is below the threshold (nothing is proposed when row 0 is).
+DFlash draft (no head) proposes each row's argmax. Under sampling, chain and lattice proposals stay deterministic
+(verified as point masses), while a DeepSpec DFlash draft samples each row from its processed distribution. With a
+confidence head and a threshold > 0, a proposal stops before the first row whose confidence is below the threshold
+(nothing is proposed when row 0 is).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import openvino as ov
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ir import core, read_ir
 from ovbuild.graph.rt_info import get_rt_info
-from ovbuild.runtime.drafters.base import DraftItem
+from ovbuild.runtime.drafters.base import DraftItem, sampled_proposal
 from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.lattice import walk
 
@@ -97,7 +99,10 @@ class DSparkDrafter(BlockDrafter):
         for i, item in enumerate(items):
             b, e = candidate_begins[i], candidate_begins[i + 1]
             keep = confident_rows(confidence[b:e], self.confidence_threshold) if confidence is not None else e - b
-            proposals.append(tokens[b:e][: min(keep, item.num_tokens)].tolist())
+            if self.head is None and item.sampling is not None and item.num_tokens > 0:
+                proposals.append(sampled_proposal(item, outputs["logits"][b:e]).head(keep))
+            else:
+                proposals.append(tokens[b:e][: min(keep, item.num_tokens)].tolist())
         return proposals
 
     def _run_head(
