@@ -33,7 +33,8 @@ class PointMassDrafter(BlockDrafter):
 
     def propose(self, items):
         proposals = super().propose(items)
-        assert any(isinstance(p, Proposal) for p in proposals) or not any(proposals)
+        sampled = [p for p, item in zip(proposals, items, strict=True) if item.sampling is not None and p]
+        assert all(isinstance(p, Proposal) for p in sampled)
         return [list(p) for p in proposals]
 
 

@@ -187,7 +187,9 @@ def test_default_runtime_options_are_exact(models):
 
     target_model, draft_model = models
     rng = np.random.default_rng(99)
-    arrivals = [(int(rng.integers(0, 3)), p, GenerationConfig(max_new_tokens=24)) for p in prompts(rng, 12)]
+    # half the requests with the draft length chosen each step (the default), half pinned to the full block
+    configs = [GenerationConfig(max_new_tokens=24, num_assistant_tokens=k) for k in (None, 7)]
+    arrivals = [(int(rng.integers(0, 3)), p, configs[i % 2]) for i, p in enumerate(prompts(rng, 12))]
     fast = dict(kv_cache_precision=FAST_DRAFT.kv_cache_precision, inference_precision=FAST_DRAFT.inference_precision)
 
     def scheduler(drafter):
@@ -197,12 +199,12 @@ def test_default_runtime_options_are_exact(models):
     alone = run(scheduler(None), arrivals)
     steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
     assert run(steered, arrivals, truths=alone) == alone
-    assert_accepted(steered, 7)
+    assert_accepted(steered, 7, every_length=False)
 
 
 def test_block_drafter_proposes_the_reference_argmax(models, draft, target):
     """Several steps of several packed sequences through BlockDrafter.propose (context-only rows, short and full
-    blocks) against the reference draft step: each candidate row's argmax, in order."""
+    blocks) against the reference draft step with a block of num_tokens + 1 rows: each candidate row's argmax."""
     from ovbuild.runtime.drafters import DraftItem
     from ovbuild.runtime.reference.dflash import DFlashReference
 
@@ -224,6 +226,7 @@ def test_block_drafter_proposes_the_reference_argmax(models, draft, target):
                 ref.forward(cache, item.context.astype(np.float64), np.zeros(0, np.int64))
                 assert proposal == []
                 continue
-            logits, _ = ref.step(cache, item.context.astype(np.float64), item.anchor)
-            expected = logits.argmax(-1)[: item.num_tokens].tolist()
+            # the drafter runs a block only as long as the proposals need: num_tokens + 1 rows
+            logits, _ = ref.step(cache, item.context.astype(np.float64), item.anchor, item.num_tokens)
+            expected = logits.argmax(-1).tolist()
             assert proposal == expected, f"step {step} sequence {item.seq_id}"

@@ -15,6 +15,7 @@ class RequestMetrics:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # accepted count at each draft position
     accepted_histogram: list[int] = field(default_factory=list)  # steps that accepted 0, 1, 2, ... tokens
+    draft_length_histogram: list[int] = field(default_factory=list)  # decode steps that drafted 0, 1, 2, ... tokens
     num_generated_tokens: int = 0
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -32,6 +33,11 @@ class RequestMetrics:
             self.accepted_per_position[i] += 1
         _grow(self.accepted_histogram, accepted + 1)
         self.accepted_histogram[accepted] += 1
+
+    def record_draft_length(self, k: int) -> None:
+        """The draft length chosen for one decode step (0: no draft for this request)."""
+        _grow(self.draft_length_histogram, k + 1)
+        self.draft_length_histogram[k] += 1
 
     @property
     def acceptance_rate(self) -> float:
@@ -63,6 +69,7 @@ class RequestMetrics:
             "mean_acceptance_length": round(self.mean_acceptance_length, 4),
             "accepted_per_position": self.accepted_per_position,
             "accepted_histogram": self.accepted_histogram,
+            "draft_length_histogram": self.draft_length_histogram,
             "ttft_ms": None if self.ttft is None else round(self.ttft * 1e3, 3),
             "tpot_ms": None if self.tpot is None else round(self.tpot * 1e3, 3),
         }
@@ -88,6 +95,7 @@ class RunMetrics:
         for totals, part in (
             (r.accepted_per_position, m.accepted_per_position),
             (r.accepted_histogram, m.accepted_histogram),
+            (r.draft_length_histogram, m.draft_length_histogram),
         ):
             _grow(totals, len(part))
             for i, v in enumerate(part):

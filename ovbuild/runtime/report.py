@@ -21,6 +21,7 @@ def format_metrics(metrics: RunMetrics, with_draft: bool) -> str:
             f"({r.acceptance_rate:.1%}), mean acceptance length {r.mean_acceptance_length:.2f}",
             f"accepted per position {r.accepted_per_position}",
             f"accepted histogram    {r.accepted_histogram}",
+            f"draft length chosen   {r.draft_length_histogram} (decode steps that drafted 0, 1, 2, ... tokens)",
         ]
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
+from ovbuild.runtime.speculation import AcceptanceStats
 from ovbuild.runtime.validation import check_positive_int, check_stop_strings
 
 
@@ -20,7 +21,7 @@ class GenerationConfig:
     max_new_tokens: int = 64
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
-    num_assistant_tokens: int | None = None  # None = the drafter's full block
+    num_assistant_tokens: int | None = None  # draft tokens verified per step; None = chosen each step (adaptive)
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int = 0
@@ -61,11 +62,11 @@ class Request:
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     text: str = ""
-    prefilled: int = 0  # prompt tokens already in the target cache
     target_len: int = 0  # tokens committed to the target cache (the anchor is not among them)
     pending_taps: list[np.ndarray] = field(default_factory=list)  # target taps the draft has not seen yet
     proposal: list[int] = field(default_factory=list)  # draft tokens to verify in the next target call
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    acceptance: AcceptanceStats | None = None  # per-position acceptance, for the draft-length plan
     trace: list[dict] = field(default_factory=list)
 
     @property

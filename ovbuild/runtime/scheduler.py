@@ -7,7 +7,10 @@ Each step:
   3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token
      (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits);
      the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them;
-  4. one draft call packs, per request, the target taps it has not seen and (when decoding) a new block.
+  4. the draft length of every decoding request is chosen (pinned by num_assistant_tokens, else by
+     ovbuild.runtime.speculation from measured call costs and each request's acceptance; 0 = no draft for it);
+  5. one draft call, when any request drafts, packs per request the target taps it has not seen and a block of the
+     chosen length; with no request drafting there is no draft call and the taps wait for the next one.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
+from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, Speculation, timed
 from ovbuild.runtime.validation import check_prompt, token_ids
 from ovbuild.runtime.verify import verify_sampled
 
@@ -38,9 +42,14 @@ class Scheduler:
         detokenize: Callable[[list[int]], str] | None = None,
         trace: bool = False,
         max_model_len: int | None = None,
+        speculation: Speculation | None = None,
     ):
-        """max_model_len: the longest prompt + max_new_tokens a request may ask for (None = no limit)."""
+        """max_model_len: the longest prompt + max_new_tokens a request may ask for (None = no limit);
+        speculation: the draft-length planner with its cost models (a pipeline keeps one across runs)."""
         self.target, self.drafter = target, drafter
+        if drafter is not None and speculation is None:
+            speculation = Speculation(drafter.max_candidates, drafter.candidate_offset)
+        self.speculation = speculation
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.detokenize, self.trace = detokenize, trace
@@ -86,14 +95,18 @@ class Scheduler:
     def step(self) -> list[Request]:
         """One scheduling step; returns the requests that finished in it."""
         start = time.perf_counter()
+        infer = self.metrics.target_infer_s + self.metrics.draft_infer_s
         self._admit()
         done = self._target_step()
         if self.drafter is not None:
             self._draft_step()
         for request in done:
             self._release(request)
+        wall = time.perf_counter() - start
         self.metrics.steps += 1
-        self.metrics.wall_s += time.perf_counter() - start
+        self.metrics.wall_s += wall
+        if self.speculation is not None:
+            self.speculation.observe_host(wall - (self.metrics.target_infer_s + self.metrics.draft_infer_s - infer))
         return done
 
     # -- admission -------------------------------------------------------------------------------------------------
@@ -140,6 +153,8 @@ class Scheduler:
             if self.drafter is not None:
                 self.drafter.reserve(request.id, request.total_len)
             request.status = Status.PREFILL
+            if self.speculation is not None:
+                request.acceptance = self.speculation.new_stats()
             self.running.append(self.waiting.pop(0))
 
     # -- target call and verification -----------------------------------------------------------------------------
@@ -164,7 +179,10 @@ class Scheduler:
                 "logits_indices": np.array(wanted, np.int64),
             },
         )
-        self.metrics.target_infer_s += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.metrics.target_infer_s += seconds
+        if self.speculation is not None:
+            self.speculation.target_cost.observe(len(ids), seconds)
         greedy = out["greedy_ids"]  # [R], the argmax computed inside the graph
         logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
         hidden = out.get("hidden_states")
@@ -226,6 +244,8 @@ class Scheduler:
                 {"anchor_position": request.target_len, "proposed": list(proposal), "accepted": accepted}
             )
         request.metrics.record_verification(len(proposal), accepted)
+        if self.speculation is not None:
+            self.speculation.record(request.acceptance, len(proposal), accepted)
         if taps is not None:
             request.pending_taps.append(taps[: accepted + 1].copy())
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
@@ -263,28 +283,97 @@ class Scheduler:
     # -- draft call -----------------------------------------------------------------------------------------------
 
     def _draft_step(self) -> None:
+        live = [r for r in self.running if r.status is not Status.FINISHED]
+        lengths = self._draft_lengths([r for r in live if r.status is Status.DECODE])
+        flush = any(sum(len(t) for t in r.pending_taps) > FLUSH_ROWS for r in live)
+        if not any(lengths.values()) and not flush:
+            return  # nobody drafts: no draft call, the taps wait for the next one
         items, owners = [], []
-        for request in self.running:
-            if request.status is Status.FINISHED:
-                continue
+        for request in live:
             context = np.concatenate(request.pending_taps) if request.pending_taps else None
             request.pending_taps = []
-            anchor, k = None, 0
-            if request.status is Status.DECODE:
-                wanted = request.config.num_assistant_tokens
-                k = min(self.drafter.max_candidates if wanted is None else wanted, request.remaining - 1)
-                anchor = request.anchor if k > 0 else None
+            k = lengths.get(request.id, 0)
+            anchor = request.anchor if k > 0 else None
             if context is None and anchor is None:
                 continue
             items.append(DraftItem(request.id, context, anchor, k, request.config.sampling, len(request.generated)))
             owners.append(request)
-        if not items:
-            return
         before = self.drafter.infer_s
+        start = time.perf_counter()
         proposals = self.drafter.propose(items)
+        seconds = time.perf_counter() - start
         self.metrics.draft_infer_s += self.drafter.infer_s - before
+        rows = sum(_context_rows(i) + (self._block_rows(i.num_tokens) if i.anchor is not None else 0) for i in items)
+        self.speculation.draft_cost.observe(rows, seconds)
         for request, proposal in zip(owners, proposals, strict=True):
             request.proposal = proposal
+
+    def _draft_lengths(self, decoding: list[Request]) -> dict[int, int]:
+        """Draft tokens each decoding request gets verified next step: its num_assistant_tokens when pinned, else
+        the speculation plan's choice; never more than the tokens it still may generate after the next one."""
+        lengths, free = {}, []
+        for request in decoding:
+            longest = max(0, min(self.drafter.max_candidates, request.remaining - 1))
+            pinned = request.config.num_assistant_tokens
+            if pinned is not None:
+                lengths[request.id] = min(pinned, longest)
+            else:
+                free.append((request, longest))
+        if free:
+            self._calibrate()
+            pinned_rows = sum(k for k in lengths.values())
+            fixed_target = len(decoding) + pinned_rows + self._prefill_rows()
+            fixed_draft = sum(self._block_rows(k) for k in lengths.values() if k)
+            context = sum(len(t) for r in self.running for t in r.pending_taps)
+            force = any(sum(len(t) for t in r.pending_taps) > FLUSH_ROWS for r in self.running)
+            chosen = self.speculation.plan(
+                [(r.acceptance, longest) for r, longest in free], fixed_target, fixed_draft, context, force
+            )
+            for (request, longest), k in zip(free, chosen, strict=True):
+                lengths[request.id] = k
+                if k == 0 and longest > 0:
+                    request.acceptance.fade(IDLE_DECAY)  # what it missed fades: drafting resumes when it pays
+        for request in decoding:
+            request.metrics.record_draft_length(lengths[request.id])
+        return lengths
+
+    def _block_rows(self, k: int) -> int:
+        return k + self.drafter.candidate_offset
+
+    def _prefill_rows(self) -> int:
+        """Prompt rows the next target call will run (prefilling requests, within the batch budget)."""
+        left = sum(len(r.prompt) - r.target_len for r in self.running if r.status is Status.PREFILL)
+        return min(left, self.max_num_batched_tokens)
+
+    def _calibrate(self) -> None:
+        """Time a few calls of each model once, on a scratch sequence, before the first plan (the costs are then
+        updated from every call); skipped when either cache lacks the blocks for it."""
+        if self.speculation.calibrated:
+            return
+        scratch = -1
+        width = self.drafter.tap_width
+
+        def target_call(rows: int) -> float:
+            ids = np.zeros(rows, np.int64)
+            inputs = {"input_ids": ids, "position_ids": np.arange(rows), "logits_indices": np.arange(rows)}
+            return timed(lambda: self.target.run([SequenceRows(scratch, 0, rows)], inputs))
+
+        def draft_call(rows: int) -> float:
+            k = min(self.drafter.max_candidates, rows - self.drafter.candidate_offset)
+            context_rows = rows - (self._block_rows(k) if k > 0 else 0)
+            context = np.zeros((context_rows, width), np.float32) if context_rows else None
+            item = DraftItem(scratch, context, 0 if k > 0 else None, max(k, 0))
+            seconds = timed(lambda: self.drafter.propose([item]))
+            self.drafter.free(scratch)
+            return seconds
+
+        try:
+            self.speculation.calibrate(target_call, draft_call)
+        except CacheExhaustedError:
+            pass  # too little free cache now: the costs are learnt from the calls themselves
+        finally:
+            self.target.free(scratch)
+            self.drafter.free(scratch)
 
     def _release(self, request: Request) -> None:
         request.metrics.finish_time = time.perf_counter()
@@ -297,3 +386,7 @@ class Scheduler:
         self.running.remove(request)
         self.finished.append(request)
         self.metrics.add(request.metrics)
+
+
+def _context_rows(item: DraftItem) -> int:
+    return 0 if item.context is None else len(item.context)

@@ -50,6 +50,8 @@ class Drafter(ABC):
     ] = ()  # family-specific constructor options a pipeline may pass (RuntimeOptions.draft_options)
     target_layer_ids: tuple[int, ...]
     max_candidates: int  # proposals a full block yields
+    candidate_offset: int = 1  # block rows before the first candidate row: a block proposing k tokens runs k + this
+    tap_width: int  # width of a context row (the target taps the draft reads)
     infer_s: float = 0.0  # time spent inside draft inference calls, for the time split
 
     @classmethod

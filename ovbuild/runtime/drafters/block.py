@@ -37,7 +37,7 @@ class BlockDrafter(Drafter):
         self.candidate_offset = int(get_rt_info(model, "dflash/candidate_offset", "1"))
         self.target_layer_ids = tuple(int(t) for t in get_rt_info(model, "dflash/target_layer_ids").split(","))
         self.max_candidates = self.block_size - self.candidate_offset
-        self.width = model.input("hidden_states").get_partial_shape()[1].get_length()
+        self.tap_width = model.input("hidden_states").get_partial_shape()[1].get_length()
         self.model = PagedModel(model, device, kv_cache_precision, inference_precision, num_blocks, cache_mb)
         self.committed: dict[int, int] = {}
         self.infer_s = 0.0
@@ -63,7 +63,10 @@ class BlockDrafter(Drafter):
     def propose(self, items: list[DraftItem]) -> list[list[int]]:
         rows, blocks = [], []
         for item in items:
-            block = self.block_size if item.anchor is not None and item.num_tokens > 0 else 0
+            # a block only as long as the proposals need (the DFlash authors' loop drafts shorter blocks too): the
+            # draft's work shrinks with the draft length the scheduler chose
+            block = min(self.block_size, item.num_tokens + self.candidate_offset) if item.anchor is not None else 0
+            block = block if item.num_tokens > 0 else 0
             rows.append(SequenceRows(item.seq_id, self.committed.get(item.seq_id, 0), _rows(item.context) + block))
             blocks.append(block)
         inputs, candidate_begins = self._inputs(items, rows, blocks)
@@ -95,7 +98,7 @@ class BlockDrafter(Drafter):
         total = sum(r.num_rows for r in rows)
         ids = np.full(total, self.mask_token_id, np.int64)
         token_types = np.zeros(total, np.int32)
-        hidden = np.zeros((total, self.width), np.float32)
+        hidden = np.zeros((total, self.tap_width), np.float32)
         positions = np.empty(total, np.int64)
         candidates, candidate_begins = [], [0]
         start = 0
@@ -108,7 +111,7 @@ class BlockDrafter(Drafter):
             if block:
                 ids[first_block_row] = item.anchor
                 token_types[first_block_row : first_block_row + block] = 1
-                # the whole block runs (its rows see each other), but only the rows wanted reach the lm_head
+                # the block's rows see each other; only the candidate rows reach the lm_head
                 first = first_block_row + self.candidate_offset
                 candidates.extend(range(first, first + item.num_tokens))
             candidate_begins.append(len(candidates))

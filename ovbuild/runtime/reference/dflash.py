@@ -52,9 +52,14 @@ class DFlashReference:
         h = rms_norm(x, self.norm, cfg.rms_norm_eps)[cfg.candidate_offset :]
         return self.logits(h), h
 
-    def step(self, cache: KVCache, taps: np.ndarray, anchor: int) -> tuple[np.ndarray, np.ndarray]:
-        """One draft step: new context rows, then the block [anchor, mask x (B-1)]."""
-        ids = np.array([anchor] + [self.cfg.mask_token_id] * (self.cfg.block_size - 1))
+    def step(
+        self, cache: KVCache, taps: np.ndarray, anchor: int, num_tokens: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One draft step: new context rows, then the block [anchor, mask x (n-1)] of n = num_tokens +
+        candidate_offset rows (the full block_size when num_tokens is None), which proposes num_tokens tokens."""
+        cfg = self.cfg
+        rows = cfg.block_size if num_tokens is None else min(cfg.block_size, num_tokens + cfg.candidate_offset)
+        ids = np.array([anchor] + [cfg.mask_token_id] * (rows - 1))
         return self.forward(cache, taps, ids)
 
     def logits(self, h: np.ndarray) -> np.ndarray:

@@ -1,0 +1,183 @@
+"""Adaptive speculation: how many draft tokens each request verifies next step (0 = no draft call for it).
+
+Each step the scheduler asks `Speculation.plan` for every decoding request's draft length k. The plan maximises the
+expected tokens per second of the next step,
+
+    tokens(k) / (t_target(rows(k)) + [any k > 0] t_draft(draft_rows(k)) + t_host)
+
+where tokens(k) = sum over requests of 1 + s_1 + ... + s_k (s_j: the chance that the first j proposals are all
+accepted, from that request's observed acceptance per position, shrunk towards the run's), and the call times are
+measured as a function of rows (calibrated once, then updated from every call). The draft works for the rows it
+runs: a request drafting k tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a
+block of that length), plus its pending context rows, which any draft call carries for every request.
+
+Because every extra proposal adds about one target row and one draft row, the best plan takes proposals in order of
+their acceptance chance s_j (across requests); so the search is one sort and a scan over that order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Row counts at which call times are kept: about 1.5x apart, up to a large prefill.
+BUCKETS = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048])
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+PRIOR_ACCEPTANCE = 0.6  # of each position before anything is observed: optimistic enough to try drafting
+PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
+REQUEST_WEIGHT = 4.0  # observations the run-wide estimate is worth in a request's own
+DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
+IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
+FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
+
+
+class CallCost:
+    """Seconds one call takes as a function of its rows: an average per row bucket, interpolated between buckets and
+    extrapolated linearly beyond the last."""
+
+    def __init__(self, smoothing: float = 0.2):
+        self.smoothing = smoothing
+        self.rows = np.zeros(len(BUCKETS))  # averaged rows of the calls in each bucket
+        self.seconds = np.zeros(len(BUCKETS))
+        self.seen = np.zeros(len(BUCKETS), bool)
+
+    @property
+    def calibrated(self) -> bool:
+        return int(self.seen.sum()) >= 2
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Fold one call's time into the bucket nearest its row count."""
+        if rows <= 0:
+            return
+        b = int(np.abs(np.log(BUCKETS / rows)).argmin())
+        if self.seen[b]:
+            a = self.smoothing
+            self.rows[b] += a * (rows - self.rows[b])
+            self.seconds[b] += a * (seconds - self.seconds[b])
+        else:
+            self.rows[b], self.seconds[b], self.seen[b] = rows, seconds, True
+
+    def __call__(self, rows: np.ndarray | int) -> np.ndarray:
+        """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
+        x, y = self.rows[self.seen], self.seconds[self.seen]
+        if len(x) == 0:
+            return np.zeros(np.shape(rows))
+        if len(x) == 1:
+            return y[0] * np.maximum(np.asarray(rows, np.float64), 1) / x[0]
+        slope = max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0)
+        rows = np.asarray(rows, np.float64)
+        return np.where(rows > x[-1], y[-1] + slope * (rows - x[-1]), np.interp(rows, x, y))
+
+
+@dataclass
+class AcceptanceStats:
+    """Per draft position j: (decayed) verifications that reached j and those that accepted it."""
+
+    reached: np.ndarray
+    accepted: np.ndarray
+
+    @classmethod
+    def empty(cls, positions: int) -> AcceptanceStats:
+        return cls(np.zeros(positions), np.zeros(positions))
+
+    def record(self, proposed: int, accepted: int, decay: float) -> None:
+        """One verification: positions 0..accepted were reached (up to `proposed`), the first `accepted` kept."""
+        self.reached *= decay
+        self.accepted *= decay
+        self.reached[: min(accepted + 1, proposed)] += 1
+        self.accepted[:accepted] += 1
+
+    def fade(self, decay: float) -> None:
+        self.reached *= decay
+        self.accepted *= decay
+
+
+@dataclass
+class Speculation:
+    """Call-cost models of the target and the draft, the run-wide acceptance, and the per-step plan."""
+
+    max_candidates: int
+    candidate_offset: int = 1
+    target_cost: CallCost = field(default_factory=CallCost)
+    draft_cost: CallCost = field(default_factory=CallCost)
+    host_s: float = 0.0  # scheduler overhead per step outside the calls (EMA)
+    run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed
+
+    def __post_init__(self):
+        self.run = AcceptanceStats.empty(self.max_candidates)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.target_cost.calibrated and self.draft_cost.calibrated
+
+    def calibrate(self, time_target: Callable[[int], float], time_draft: Callable[[int], float]) -> None:
+        """Time calls of a few row counts on each model (the best of three each)."""
+        for rows in CALIBRATION_ROWS:
+            self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
+            self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
+
+    def observe_host(self, seconds: float) -> None:
+        self.host_s += 0.1 * (seconds - self.host_s) if self.host_s else seconds
+
+    def new_stats(self) -> AcceptanceStats:
+        return AcceptanceStats.empty(self.max_candidates)
+
+    def record(self, stats: AcceptanceStats, proposed: int, accepted: int) -> None:
+        """A verification's outcome, into the request's and the run's statistics."""
+        if proposed:
+            stats.record(proposed, accepted, DECAY)
+            self.run.record(proposed, accepted, 1.0)
+
+    def survival(self, stats: AcceptanceStats) -> np.ndarray:
+        """s [max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, for this request."""
+        run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.run.reached + PRIOR_WEIGHT)
+        own = (stats.accepted + REQUEST_WEIGHT * run) / (stats.reached + REQUEST_WEIGHT)
+        return np.cumprod(own)
+
+    def plan(
+        self,
+        free: list[tuple[AcceptanceStats, int]],
+        fixed_target_rows: int,
+        fixed_draft_rows: int,
+        context_rows: int,
+        force_draft: bool,
+    ) -> list[int]:
+        """Draft length of each free request, maximising expected tokens per second of the next step.
+
+        free: (acceptance statistics, longest allowed k) of the requests whose k is ours to choose;
+        fixed_target_rows: rows the next target call runs whatever we choose (pinned requests, prompt chunks, one
+        anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
+        rows of every request (any draft call carries them); force_draft: a draft call happens anyway."""
+        plan = [0] * len(free)
+        gains, owners, firsts = [], [], []
+        for i, (stats, longest) in enumerate(free):
+            if longest > 0:
+                gains.append(self.survival(stats)[:longest])
+                owners.append(np.full(longest, i))
+                firsts.append(np.arange(longest) == 0)
+        if not gains:
+            return plan
+        gain, owner, first = np.concatenate(gains), np.concatenate(owners), np.concatenate(firsts)
+        order = np.argsort(-gain, kind="stable")  # ties keep each request's positions in order
+        gain, owner, first = gain[order], owner[order], first[order]
+        taken = np.arange(len(gain) + 1)  # plans: the first m proposals of that order, m = 0..M
+        tokens = len(free) + np.concatenate([[0.0], np.cumsum(gain)])  # expected tokens of the next step
+        target_rows = fixed_target_rows + taken
+        blocks = np.concatenate([[0], np.cumsum(1 + self.candidate_offset * first)])  # block rows: k + offset
+        draft_rows = fixed_draft_rows + context_rows + blocks
+        drafting = (taken > 0) | force_draft | (fixed_draft_rows > 0)
+        seconds = self.target_cost(target_rows) + np.where(drafting, self.draft_cost(draft_rows), 0.0) + self.host_s
+        best = int(np.argmax(tokens / np.maximum(seconds, 1e-9)))
+        for i in owner[:best]:
+            plan[i] += 1
+        return plan
+
+
+def timed(call: Callable[[], object]) -> float:
+    """Wall seconds of one call."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
