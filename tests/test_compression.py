@@ -25,6 +25,7 @@ from ovbuild.graph.weights import WeightPolicy, stored_constant
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.runtime.reference.weights import ReferenceWeights
 from ovbuild.testing import nmse
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.dtypes import bf16_to_f32, f32_to_bf16
@@ -245,25 +246,25 @@ FORMATS = {
 }
 
 
-class StoredWeights(WeightSource):
-    """A source whose matrices are what `policy` stores, read back as f32: the weights a compressed IR computes
-    with. Tensor roles follow the builders' names (embed_tokens, lm_head; any other matrix is a linear layer)."""
+class StoredWeights(ReferenceWeights):
+    """The reference's weights as `policy` stores them, read back as f32: the weights a compressed IR computes with.
+    Tensor roles follow the builders' names (embed_tokens, lm_head; any other matrix is a linear layer)."""
 
     def __init__(self, source: WeightSource, policy: WeightPolicy):
-        super().__init__(source.checkpoint, source.table)
+        super().__init__(source)
         self.policy = policy
 
-    def get(self, canonical: str, shape: tuple[int, ...] | None = None) -> WeightTensor:
-        t = super().get(canonical, shape)
-        if len(t.shape) != 2:
-            return t
+    def get(self, canonical: str, shape: tuple[int, ...]) -> np.ndarray:
+        values = super().get(canonical, shape)
+        if values.ndim != 2:
+            return values
+        t = WeightTensor(canonical, "f32", values.astype(np.float32))  # exact: f32 or bf16 values widened
         scheme = self.policy.scheme({"embed_tokens": "embedding", "lm_head": "lm_head"}.get(canonical, "linear"))
         if scheme is not None:
-            return WeightTensor(t.name, "f32", dequantize(quantize(t, scheme)))
-        dtype = self.policy.float_dtype(t)
-        values = t.to_f32()
+            return dequantize(quantize(t, scheme)).astype(np.float64)
         rounded = {"f16": lambda v: v.astype(np.float16), "bf16": lambda v: bf16_to_f32(f32_to_bf16(v))}
-        return WeightTensor(t.name, "f32", rounded[dtype](values).astype(np.float32) if dtype in rounded else values)
+        dtype = self.policy.float_dtype(t)
+        return (rounded[dtype](t.array) if dtype in rounded else t.array).astype(np.float64)
 
 
 def logits(outputs) -> np.ndarray:
