@@ -7,8 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("ovbuild.graph.lattice", reason="the packed Top-K lattice core comes with the DFlash v2 branch")
-
 from ovbuild.errors import ConfigError
 from ovbuild.graph.dspark import build_dspark_draft
 from ovbuild.graph.dspark_lattice import build_lattice_markov_head
