@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 
+import ovbuild.runtime.reference
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import nmse
@@ -96,3 +100,26 @@ def test_bf16_checkpoint_matches_f32_within_bf16_rounding(tiny_target, tiny_targ
     # measured 4.6e-5 (target) and 2.9e-5 (draft)
     assert 1e-6 < nmse(t16, t32) < 5e-4, nmse(t16, t32)
     assert 1e-6 < nmse(d16, d32) < 5e-4, nmse(d16, d32)
+
+
+def test_reference_shares_no_builder_rope_or_reader_code():
+    """The reference imports neither graph builders nor the builders' RoPE or checkpoint reader: parity between
+    two things that share code proves nothing about that code."""
+    forbidden = (
+        "ovbuild.graph",
+        "ovbuild.weights.rope",
+        "ovbuild.weights.safetensors_file",
+        "ovbuild.weights.checkpoint",
+        "ovbuild.weights.dtypes",
+        "ovbuild.weights.tensor",
+    )
+    for path in sorted(Path(ovbuild.runtime.reference.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            bad = [m for m in modules for f in forbidden if m == f or m.startswith(f + ".")]
+            assert not bad, f"{path.name} imports {bad}"
