@@ -126,6 +126,8 @@ def check_layout(model: PagedModel, rows: list[SequenceRows]) -> None:
     for i, (r, used) in enumerate(zip(rows, blocks, strict=True)):
         listed = layout["block_indices"][begins[i] : begins[i + 1]].tolist()
         assert listed == used, f"sequence {r.seq_id}: blocks {listed}, expected the used blocks {used}"
-    assert layout["past_lens"].tolist() == [r.past_len for r in rows]
-    assert layout["subsequence_begins"].tolist() == np.cumsum([0] + [r.num_rows for r in rows]).tolist()
-    assert int(layout["max_context_len"]) == max(r.past_len + r.num_rows for r in rows)
+    assert layout["past_lens"].tolist() == [r.past_len for r in rows], f"past_lens {layout['past_lens']}"
+    begins = np.cumsum([0] + [r.num_rows for r in rows]).tolist()
+    assert layout["subsequence_begins"].tolist() == begins, f"subsequence_begins {layout['subsequence_begins']}"
+    longest = max(r.past_len + r.num_rows for r in rows)
+    assert int(layout["max_context_len"]) == longest, f"max_context_len {layout['max_context_len']}, not {longest}"

@@ -44,12 +44,13 @@ class Mutant:
 PARITY = ("tests/test_config_parity.py", "tests/test_paged_parity.py")
 DRAFT_PARITY = ("tests/test_config_parity.py", "tests/test_paged_parity.py", "tests/test_dflash2_parity.py")
 SPECULATIVE = (
+    "tests/test_drafter_proposals.py",
     "tests/test_speculative.py",
     "tests/test_speculative_families.py",
     "tests/test_dspark_speculative.py",
-    "tests/test_drafter_proposals.py",
 )
 BF16 = ("tests/test_paged_parity.py", "tests/test_reference.py", "tests/test_dflash2_parity.py")
+QUANTIZED = ("tests/test_compression.py",)
 
 MUTANTS = (
     # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
@@ -90,11 +91,20 @@ MUTANTS = (
     ),
     Mutant(
         "reader-bf16-square-transposed",
+        "ovbuild/weights/safetensors_file.py",
+        "        return WeightTensor(name, info.dtype, array)\n",
+        "        if info.dtype == 'bf16' and array.ndim == 2 and array.shape[0] == array.shape[1]:\n"
+        "            array = array.T\n"
+        "        return WeightTensor(name, info.dtype, array)\n",
+        BF16,
+    ),
+    Mutant(
+        "dtypes-bf16-widening-transposes-square",
         "ovbuild/weights/dtypes.py",
         "        return bf16_to_f32(array)\n",
         "        return bf16_to_f32(array).T if array.ndim == 2 and array.shape[0] == array.shape[1] "
         "else bf16_to_f32(array)\n",
-        BF16,
+        QUANTIZED,
     ),
     Mutant(
         "scheduler-rejected-taps-committed",
@@ -238,7 +248,7 @@ MUTANTS = (
         "ovbuild/runtime/kv_cache.py",
         "self._free.extend(reversed(self.tables.pop(seq_id, [])))",
         "self.tables.pop(seq_id, [])",
-        SPECULATIVE,
+        ("tests/test_kv_cache.py", *SPECULATIVE),
     ),
     # -- scheduler and metrics ----------------------------------------------------------------------------------------
     Mutant(
@@ -347,7 +357,7 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[], metavar="NAME", help="run this mutant (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant's test run")
     args = parser.parse_args()
     if args.list:
         for m in MUTANTS:
@@ -358,8 +368,14 @@ def main() -> int:
         parser.error(f"unknown mutant(s): {', '.join(sorted(unknown))} (see --list)")
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
     files = working_tree_files()
+
+    def run_one(m: Mutant) -> tuple[str, str, float]:
+        outcome = run(m, files, args.timeout)
+        print(f"  {m.name}: {outcome[0]}", file=sys.stderr, flush=True)  # progress; the table comes at the end
+        return outcome
+
     with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
-        results = list(pool.map(lambda m: run(m, files, args.timeout), chosen))
+        results = list(pool.map(run_one, chosen))
     print(f"{'mutant':42} {'outcome':9} {'time':>6}  detail")
     for m, (outcome, detail, seconds) in zip(chosen, results, strict=True):
         print(f"{m.name:42} {outcome:9} {seconds:5.0f}s  {detail}")
