@@ -10,6 +10,10 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.testing import nmse
 
+# Each sequence reserves blocks for this many tokens when it first appears, as the scheduler reserves a request's
+# worst case on admission: the tables hold reserved blocks the calls never reach, and sequences' blocks interleave.
+RESERVED_TOKENS = 200
+
 
 @dataclass
 class Outputs:
@@ -35,6 +39,7 @@ def run_target(model: PagedModel, ref, taps: tuple[int, ...], schedule) -> Outpu
             ids += list(toks)
             pos += range(past, past + len(toks))
         n = len(ids)
+        check_layout(model, rows)
         result = model.run(
             rows,
             {
@@ -78,6 +83,7 @@ def run_draft(model: PagedModel, ref, schedule, seed: int = 0) -> Outputs:
             hidden += [taps_of[seq], np.zeros((len(block), width), np.float32)]
             cand += range(start + n_ctx + cfg.candidate_offset, start + n)
             start += n
+        check_layout(model, rows)
         result = model.run(
             rows,
             {
@@ -100,3 +106,28 @@ def run_draft(model: PagedModel, ref, schedule, seed: int = 0) -> Outputs:
         out.ir.append(ir_call)
         out.ref.append(ref_call)
     return out
+
+
+def check_layout(model: PagedModel, rows: list[SequenceRows]) -> None:
+    """Reserve each new sequence's worst case, then check the call's paged inputs against the block tables: only the
+    blocks holding the call's tokens are listed, per sequence in table order (a bad layout fails here, not in the
+    plugin)."""
+    allocator = model.cache.allocator
+    for r in rows:
+        if r.seq_id not in allocator.tables:
+            allocator.reserve(r.seq_id, RESERVED_TOKENS)
+    layout = model.cache.layout(rows)
+    size = allocator.block_size
+    blocks = [allocator.tables[r.seq_id][: -(-(r.past_len + r.num_rows) // size)] for r in rows]
+    begins = layout["block_indices_begins"]
+    assert len(begins) == len(rows) + 1 and begins[0] == 0 and begins[-1] == len(layout["block_indices"]), (
+        f"block_indices_begins {begins.tolist()} do not frame {len(layout['block_indices'])} block indices"
+    )
+    for i, (r, used) in enumerate(zip(rows, blocks, strict=True)):
+        listed = layout["block_indices"][begins[i] : begins[i + 1]].tolist()
+        assert listed == used, f"sequence {r.seq_id}: blocks {listed}, expected the used blocks {used}"
+    assert layout["past_lens"].tolist() == [r.past_len for r in rows], f"past_lens {layout['past_lens']}"
+    begins = np.cumsum([0] + [r.num_rows for r in rows]).tolist()
+    assert layout["subsequence_begins"].tolist() == begins, f"subsequence_begins {layout['subsequence_begins']}"
+    longest = max(r.past_len + r.num_rows for r in rows)
+    assert int(layout["max_context_len"]) == longest, f"max_context_len {layout['max_context_len']}, not {longest}"

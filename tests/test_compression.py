@@ -26,7 +26,8 @@ from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
-from ovbuild.testing import nmse
+from ovbuild.runtime.reference.weights import ReferenceWeights
+from ovbuild.testing import F32_NMSE, nmse
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.dtypes import bf16_to_f32, f32_to_bf16
 from ovbuild.weights.target import load_target
@@ -246,25 +247,25 @@ FORMATS = {
 }
 
 
-class StoredWeights(WeightSource):
-    """A source whose matrices are what `policy` stores, read back as f32: the weights a compressed IR computes
-    with. Tensor roles follow the builders' names (embed_tokens, lm_head; any other matrix is a linear layer)."""
+class StoredWeights(ReferenceWeights):
+    """The reference's weights as `policy` stores them, read back as f32: the weights a compressed IR computes with.
+    Tensor roles follow the builders' names (embed_tokens, lm_head; any other matrix is a linear layer)."""
 
     def __init__(self, source: WeightSource, policy: WeightPolicy):
-        super().__init__(source.checkpoint, source.table)
+        super().__init__(source)
         self.policy = policy
 
-    def get(self, canonical: str, shape: tuple[int, ...] | None = None) -> WeightTensor:
-        t = super().get(canonical, shape)
-        if len(t.shape) != 2:
-            return t
+    def get(self, canonical: str, shape: tuple[int, ...]) -> np.ndarray:
+        values = super().get(canonical, shape)
+        if values.ndim != 2:
+            return values
+        t = WeightTensor(canonical, "f32", values.astype(np.float32))  # exact: f32 or bf16 values widened
         scheme = self.policy.scheme({"embed_tokens": "embedding", "lm_head": "lm_head"}.get(canonical, "linear"))
         if scheme is not None:
-            return WeightTensor(t.name, "f32", dequantize(quantize(t, scheme)))
-        dtype = self.policy.float_dtype(t)
-        values = t.to_f32()
+            return dequantize(quantize(t, scheme)).astype(np.float64)
         rounded = {"f16": lambda v: v.astype(np.float16), "bf16": lambda v: bf16_to_f32(f32_to_bf16(v))}
-        return WeightTensor(t.name, "f32", rounded[dtype](values).astype(np.float32) if dtype in rounded else values)
+        dtype = self.policy.float_dtype(t)
+        return (rounded[dtype](t.array) if dtype in rounded else t.array).astype(np.float64)
 
 
 def logits(outputs) -> np.ndarray:
@@ -299,7 +300,7 @@ def test_format_runs_compressed_kernels_within_its_nmse_bound(name, target, draf
     assert t_loss < bound and d_loss < bound, f"{name}: NMSE vs f32 IR target {t_loss:.2e}, draft {d_loss:.2e}"
     # Against the reference run with the stored weights the IR is as exact as the f32 build: nothing else changed.
     exact = max(t_out.nmse("logits"), t_out.nmse("hidden_states"), d_out.nmse("logits"))
-    assert exact < 1e-6, f"{name}: IR vs reference with dequantized weights NMSE {exact:.2e}"
+    assert exact < F32_NMSE, f"{name}: IR vs reference with dequantized weights NMSE {exact:.2e}"
 
 
 def test_dynamic_quantization_of_activations_is_bounded_and_off_is_exact(target, f32_logits):
@@ -318,8 +319,10 @@ def test_dynamic_quantization_of_activations_is_bounded_and_off_is_exact(target,
         f"int8 target, dynamic quantization off / group 32: vs stored-weight reference {losses[0][0]:.2e} / "
         f"{losses[32][0]:.2e}; vs f32 IR {losses[0][1]:.2e} / {losses[32][1]:.2e} ({describe()})"
     )
-    assert losses[0][0] < 1e-10, f"dynamic quantization off is not exact: {losses}"
-    assert losses[32][0] < 1e-3, f"dynamic quantization costs too much: {losses}"
+    # Off, the IR computes exactly with the stored weights. CPUs without VNNI (AVX2-only) do not quantize activations
+    # at all, so group 32 may be exact too; where it applies it costs NMSE 3.0e-4 (AVX-512 VNNI).
+    assert losses[0][0] < F32_NMSE, f"dynamic quantization off: NMSE {losses[0][0]:.2e} vs stored-weight reference"
+    assert losses[32][0] < 1e-3, f"dynamic quantization group 32: NMSE {losses[32][0]:.2e} (measured 3.0e-4)"
     if "BF16" in core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
         assert losses[32][0] > 1e-9, f"a CPU with bf16 units did not quantize activations: {losses}"
 
@@ -330,7 +333,7 @@ def test_bf16_checkpoint_quantizes_from_its_bits(tiny_target_bf16):
     with dynamic_quantization(0):
         model = PagedModel(build_target(cfg, weights, TAPS, policy), kv_cache_precision="f32")
     out = run_target(model, Qwen3Reference(cfg, StoredWeights(weights, policy)), TAPS, TARGET_SCHEDULE)
-    assert out.nmse("logits") < 1e-6, f"IR vs reference with dequantized bf16 weights {out.nmse('logits'):.2e}"
+    assert out.nmse("logits") < F32_NMSE, f"IR vs reference with dequantized bf16 weights {out.nmse('logits'):.2e}"
 
 
 def test_ir_records_weight_format_and_is_byte_for_byte_deterministic(tmp_path, tiny_target, draft):

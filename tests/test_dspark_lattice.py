@@ -7,8 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("ovbuild.graph.lattice", reason="the packed Top-K lattice core comes with the DFlash v2 branch")
-
 from ovbuild.errors import ConfigError
 from ovbuild.graph.dspark import build_dspark_draft
 from ovbuild.graph.dspark_lattice import build_lattice_markov_head
@@ -21,7 +19,7 @@ from ovbuild.runtime.reference.dflash2 import greedy_walk
 from ovbuild.runtime.reference.dspark import DSparkReference, confident_prefix
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.testing import nmse
+from ovbuild.testing import F32_NMSE, nmse
 
 from dspark_helpers import SCHEDULE, load_kind, pack_blocks, run_head
 from paged_helpers import run_draft
@@ -81,8 +79,8 @@ def test_lattice_matches_the_reference_formula(kind, dtype, drafts, packed_block
             )
             assert np.array_equal(got["chain_ids"][rows], ref.sequential_head(logits, hidden, anchor)[0])
     error = nmse(np.concatenate(got_edges), np.concatenate(want_edges))
-    assert error < 1e-6, f"edge_scores NMSE {error:.2e}"
-    assert worst_confidence < 1e-6, f"predecessor_confidence max abs error {worst_confidence:.2e}"
+    assert error < F32_NMSE, f"edge_scores NMSE {error:.2e}"
+    assert worst_confidence < 1e-6, f"predecessor_confidence max abs error {worst_confidence:.2e} (measured 1.7e-7)"
     print(f"{kind} {dtype} lattice: edge_scores NMSE {error:.2e}, confidence max abs error {worst_confidence:.1e}")
 
 

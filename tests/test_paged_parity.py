@@ -10,7 +10,7 @@ from ovbuild.graph.target import build_target
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
-from ovbuild.testing import write_tiny_dflash, write_tiny_target
+from ovbuild.testing import F32_NMSE, write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
@@ -51,8 +51,8 @@ def test_target_matches_reference(target):
     model, ref = target_pair(target)
     out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
     print(f"paged target vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('hidden_states'):.2e}")
-    assert out.nmse("logits") < 1e-6, f"logits NMSE {out.nmse('logits'):.2e}"
-    assert out.nmse("hidden_states") < 1e-6, f"hidden_states NMSE {out.nmse('hidden_states'):.2e}"
+    assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("hidden_states") < F32_NMSE, f"hidden_states NMSE {out.nmse('hidden_states'):.2e}"
     for call in out.ir:
         for seq in call.values():
             assert np.array_equal(seq["greedy_ids"], seq["logits"].argmax(-1))
@@ -63,8 +63,22 @@ def test_draft_matches_reference(target, draft):
     model = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32")
     out = run_draft(model, DFlashReference(dcfg, dweights, target[1]), DRAFT_SCHEDULE)
     print(f"paged draft vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('last_hidden_state'):.2e}")
-    assert out.nmse("logits") < 1e-6, f"logits NMSE {out.nmse('logits'):.2e}"
-    assert out.nmse("last_hidden_state") < 1e-6, f"last_hidden_state NMSE {out.nmse('last_hidden_state'):.2e}"
+    assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("last_hidden_state") < F32_NMSE, f"last_hidden_state NMSE {out.nmse('last_hidden_state'):.2e}"
+
+
+def test_bf16_checkpoints_match_reference(tiny_target_bf16, tiny_draft_bf16):
+    """f32 graphs on bf16 weights compute with exactly the widened values the reference reads through `safetensors`
+    (its own bf16 decoding), so the f32 bound holds; a reader mistake (e.g. a transposed square tensor) cannot hide."""
+    t = load_target(Checkpoint.open(tiny_target_bf16))
+    d = load_draft(Checkpoint.open(tiny_draft_bf16))
+    model, ref = target_pair(t)
+    out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
+    dmodel = PagedModel(build_dflash_draft(d[0], d[1], t[1]), kv_cache_precision="f32")
+    dout = run_draft(dmodel, DFlashReference(d[0], d[1], t[1]), DRAFT_SCHEDULE)
+    figures = f"target logits NMSE {out.nmse('logits'):.1e}, draft {dout.nmse('logits'):.1e}"
+    print(f"bf16 checkpoints, f32 graphs: {figures}")
+    assert out.nmse("logits") < F32_NMSE and dout.nmse("logits") < F32_NMSE, figures
 
 
 def test_sliding_window_layers_match_reference(tmp_path):
@@ -83,11 +97,11 @@ def test_sliding_window_layers_match_reference(tmp_path):
     assert t[0].sliding_windows[0] == 6 and d[0].sliding_windows == (6, 0) and d[0].layer_causal == (True, False)
     model, ref = target_pair(t)
     out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
-    assert out.nmse("logits") < 1e-6, f"target logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("logits") < F32_NMSE, f"target logits NMSE {out.nmse('logits'):.2e}"
     dmodel = PagedModel(build_dflash_draft(d[0], d[1], t[1]), kv_cache_precision="f32")
     dout = run_draft(dmodel, DFlashReference(d[0], d[1], t[1]), DRAFT_SCHEDULE)
     print(f"sliding window 6: target logits NMSE {out.nmse('logits'):.2e}, draft {dout.nmse('logits'):.2e}")
-    assert dout.nmse("logits") < 1e-6, f"draft logits NMSE {dout.nmse('logits'):.2e}"
+    assert dout.nmse("logits") < F32_NMSE, f"draft logits NMSE {dout.nmse('logits'):.2e}"
 
 
 def test_bidirectional_sliding_layer_with_window_not_below_block(tmp_path, target):
@@ -105,7 +119,7 @@ def test_bidirectional_sliding_layer_with_window_not_below_block(tmp_path, targe
     assert d[0].layer_causal == (False, False)
     dmodel = PagedModel(build_dflash_draft(d[0], d[1], target[1]), kv_cache_precision="f32")
     dout = run_draft(dmodel, DFlashReference(d[0], d[1], target[1]), DRAFT_SCHEDULE)
-    assert dout.nmse("logits") < 1e-6, f"draft logits NMSE {dout.nmse('logits'):.2e}"
+    assert dout.nmse("logits") < F32_NMSE, f"draft logits NMSE {dout.nmse('logits'):.2e}"
 
 
 def test_saved_and_read_ir_matches_reference(tmp_path, target, draft):
@@ -117,12 +131,13 @@ def test_saved_and_read_ir_matches_reference(tmp_path, target, draft):
     d_read = PagedModel(read_ir(dpath.parent), kv_cache_precision="f32")
     in_memory = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
     from_disk = run_target(t_read, ref, (1, 3, 5), TARGET_SCHEDULE)
-    assert from_disk.nmse("logits") < 1e-6
+    assert from_disk.nmse("logits") < F32_NMSE, f"target read from disk: logits NMSE {from_disk.nmse('logits'):.1e}"
     for a, b in zip(in_memory.ir, from_disk.ir, strict=True):
         for seq in a:
             assert np.array_equal(a[seq]["logits"], b[seq]["logits"]), "file and in-memory builds differ"
     dref = DFlashReference(dcfg, dweights, target[1])
-    assert run_draft(d_read, dref, DRAFT_SCHEDULE).nmse("logits") < 1e-6
+    d_nmse = run_draft(d_read, dref, DRAFT_SCHEDULE).nmse("logits")
+    assert d_nmse < F32_NMSE, f"draft read from disk: logits NMSE {d_nmse:.1e}"
 
 
 def test_sequences_are_isolated(target, draft):
@@ -162,7 +177,8 @@ def test_u8_cache_keeps_greedy_tokens_except_near_ties(target):
         f"u8 KV cache: logits NMSE {out.nmse('logits'):.2e}, {flipped.sum()} of {len(flipped)} greedy tokens "
         f"flipped, reference margins there {np.round(margins[flipped], 4).tolist()}"
     )
-    assert out.nmse("logits") < 1e-3, f"u8 KV cache logits NMSE {out.nmse('logits'):.2e}"
+    # measured 3.5e-5 (AVX-512 and AVX2)
+    assert out.nmse("logits") < 5e-4, f"u8 KV cache logits NMSE {out.nmse('logits'):.2e} (measured 3.5e-5)"
     assert flipped.mean() < 0.05 and np.all(margins[flipped] < 0.01), (
         f"greedy tokens flipped beyond near-ties: margins {margins[flipped]}"
     )

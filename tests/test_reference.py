@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 
+import ovbuild.runtime.reference
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import nmse
@@ -11,6 +15,7 @@ from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
+F64_NMSE = 1e-24  # two float64 computations of the same thing, summed in another order
 PROMPT = np.array([72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 100, 101, 102])
 
 
@@ -25,8 +30,9 @@ def test_incremental_decode_equals_full_recompute(target, draft):
     print(
         f"incremental vs full recompute: logits NMSE {nmse(logits, full_logits):.1e}, taps {nmse(taps, full_taps):.1e}"
     )
-    assert nmse(logits, full_logits) < 1e-10, nmse(logits, full_logits)
-    assert nmse(taps, full_taps) < 1e-10, nmse(taps, full_taps)
+    # float64 against float64: measured 6e-31 (only the summation order differs)
+    assert nmse(logits, full_logits) < F64_NMSE, nmse(logits, full_logits)
+    assert nmse(taps, full_taps) < F64_NMSE, nmse(taps, full_taps)
 
 
 def test_rolled_back_cache_equals_never_having_seen_the_tokens(target):
@@ -37,7 +43,7 @@ def test_rolled_back_cache_equals_never_having_seen_the_tokens(target):
     cache.truncate(10)
     rolled, _ = ref.forward(cache, PROMPT[10:])
     fresh, _ = ref.forward(ref.new_cache(), PROMPT)
-    assert nmse(rolled, fresh[10:]) < 1e-10
+    assert nmse(rolled, fresh[10:]) < F64_NMSE, nmse(rolled, fresh[10:])
 
 
 def test_last_layer_tap_is_taken_after_the_final_norm(target):
@@ -61,7 +67,7 @@ def test_draft_step_in_one_call_equals_context_then_block(target, draft):
     logits_split, hidden_split = dref.forward(split, taps[:0], block)
     print(f"draft step in one call vs context then block: logits NMSE {nmse(logits_split, logits_one):.1e}")
     assert logits_one.shape == (dcfg.block_size - 1, dcfg.vocab_size)
-    assert nmse(logits_split, logits_one) < 1e-10 and nmse(hidden_split, hidden_one) < 1e-10
+    assert nmse(logits_split, logits_one) < F64_NMSE and nmse(hidden_split, hidden_one) < F64_NMSE
     assert one.length == split.length == len(PROMPT)
 
 
@@ -91,5 +97,29 @@ def test_bf16_checkpoint_matches_f32_within_bf16_rounding(tiny_target, tiny_targ
     (t32, d32), (t16, d16) = results
     print(f"bf16 vs f32 checkpoint: target logits NMSE {nmse(t16, t32):.1e}, draft {nmse(d16, d32):.1e}")
     # bf16 keeps 8 mantissa bits: relative weight error ~2^-9, so the output NMSE sits near 1e-5
-    assert 0 < nmse(t16, t32) < 1e-3, nmse(t16, t32)
-    assert 0 < nmse(d16, d32) < 1e-3, nmse(d16, d32)
+    # measured 4.6e-5 (target) and 2.9e-5 (draft)
+    assert 1e-6 < nmse(t16, t32) < 5e-4, nmse(t16, t32)
+    assert 1e-6 < nmse(d16, d32) < 5e-4, nmse(d16, d32)
+
+
+def test_reference_shares_no_builder_rope_or_reader_code():
+    """The reference imports neither graph builders nor the builders' RoPE or checkpoint reader: parity between
+    two things that share code proves nothing about that code."""
+    forbidden = (
+        "ovbuild.graph",
+        "ovbuild.weights.rope",
+        "ovbuild.weights.safetensors_file",
+        "ovbuild.weights.checkpoint",
+        "ovbuild.weights.dtypes",
+        "ovbuild.weights.tensor",
+    )
+    for path in sorted(Path(ovbuild.runtime.reference.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            bad = [m for m in modules for f in forbidden if m == f or m.startswith(f + ".")]
+            assert not bad, f"{path.name} imports {bad}"

@@ -200,33 +200,3 @@ def test_default_runtime_options_are_exact(models):
     steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
     assert run(steered, arrivals, truths=alone) == alone
     assert_accepted(steered, 7, every_length=False)
-
-
-def test_block_drafter_proposes_the_reference_argmax(models, draft, target):
-    """Several steps of several packed sequences through BlockDrafter.propose (context-only rows, short and full
-    blocks) against the reference draft step with a block of num_tokens + 1 rows: each candidate row's argmax."""
-    from ovbuild.runtime.drafters import DraftItem
-    from ovbuild.runtime.reference.dflash import DFlashReference
-
-    cfg, weights = draft
-    drafter = BlockDrafter(models[1], **F32)
-    ref = DFlashReference(cfg, weights, target[1])
-    rng = np.random.default_rng(21)
-    width = cfg.num_taps * cfg.target_hidden_size
-    caches = {}
-    for step in range(4):
-        items = []
-        for seq in range(4):
-            context = rng.standard_normal((int(rng.integers(1, 9)), width)).astype(np.float32)
-            anchor = None if (seq == 3 and step < 2) else int(rng.integers(0, VOCAB))
-            items.append(DraftItem(seq, context, anchor, 0 if anchor is None else int(rng.integers(1, 8))))
-        for item, proposal in zip(items, drafter.propose(items), strict=True):
-            cache = caches.setdefault(item.seq_id, ref.new_cache())
-            if item.anchor is None:
-                ref.forward(cache, item.context.astype(np.float64), np.zeros(0, np.int64))
-                assert proposal == []
-                continue
-            # the drafter runs a block only as long as the proposals need: num_tokens + 1 rows
-            logits, _ = ref.step(cache, item.context.astype(np.float64), item.anchor, item.num_tokens)
-            expected = logits.argmax(-1).tolist()
-            assert proposal == expected, f"step {step} sequence {item.seq_id}"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ovbuild.testing.tokenizer import EOS_ID, MASK_ID, write_tokenizer
+from ovbuild.weights.draft_config import default_target_layer_ids
 from ovbuild.weights.dtypes import f32_to_bf16
 from ovbuild.weights.safetensors_file import write_safetensors
 from ovbuild.weights.tensor import WeightTensor
@@ -60,7 +61,8 @@ TINY_DRAFT = dict(
 
 def layer_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Per-layer tensor shapes of a Qwen3-style layer, keyed like QWEN3_LAYER."""
-    h, d, inter = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]  # a config without head_dim derives it
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
     shapes = dict(
         zip(
@@ -128,7 +130,9 @@ def write_tiny_dflash(
     """A random z-lab-layout DFlash v1 draft (no embed_tokens, no lm_head) for the tiny target."""
     cfg = {**TINY_DRAFT, **overrides}
     rng = np.random.default_rng(seed)
-    taps = len(cfg["dflash_config"]["target_layer_ids"])
+    keys = {**cfg, **(cfg.get("dflash_config") or {})}  # DFlash keys sit flat or nested
+    ids = keys.get("target_layer_ids") or default_target_layer_ids(keys["num_target_layers"], cfg["num_hidden_layers"])
+    taps = len(ids)
     return write_checkpoint(folder, cfg, draft_backbone_tensors(rng, cfg, taps * target_hidden_size), dtype)
 
 

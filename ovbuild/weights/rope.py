@@ -92,7 +92,8 @@ def parse_rope(r: ConfigReader) -> RopeConfig:
         theta, s = r.float("rope_theta", 10000.0), scaling
     if s is None:
         return RopeConfig(theta=theta)
-    rope_type = s.str("rope_type", None) or s.str("type", "default")
+    # older configs name the type `type`; reading `rope_type` with no default there used to raise
+    rope_type = s.str("rope_type") if s.has("rope_type") else s.str("type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedError(
             f"{s.where('rope_type')}: rope type '{rope_type}' is not supported "

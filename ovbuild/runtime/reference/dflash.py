@@ -7,21 +7,33 @@ Only context keys/values persist across steps; the block is recomputed every ste
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ovbuild.runtime.reference.layers import attention, linear, rms_norm, rope, swiglu_mlp, visibility
 from ovbuild.runtime.reference.qwen3 import KVCache, new_cache
-from ovbuild.runtime.reference.weights import LayerWeights, load
+from ovbuild.runtime.reference.rope import rope_from_config
+from ovbuild.runtime.reference.weights import LayerWeights, ReferenceWeights, load, reference_weights
 from ovbuild.weights.draft_config import DraftConfig
-from ovbuild.weights.tensor_names import WeightSource
+
+if TYPE_CHECKING:
+    from ovbuild.weights.tensor_names import WeightSource
 
 
 class DFlashReference:
     """A DFlash draft with the target's embedding table and lm_head (unless the draft carries its own)."""
 
-    def __init__(self, cfg: DraftConfig, draft: WeightSource, target: WeightSource):
+    def __init__(
+        self, cfg: DraftConfig, draft: WeightSource | ReferenceWeights, target: WeightSource | ReferenceWeights
+    ):
         self.cfg = cfg
         h, v = cfg.hidden_size, cfg.vocab_size
+        draft, target = reference_weights(draft), reference_weights(target)
+        self.weights = draft
+        # RoPE and eps from config.json itself, not from the parsed config the builders use
+        self.rope = rope_from_config(draft.config, cfg.head_dim)
+        self.eps = float(draft.config.get("rms_norm_eps", 1e-6))
         self.fc = load(draft, "fc", (h, cfg.num_taps * cfg.target_hidden_size))
         self.hidden_norm = load(draft, "hidden_norm", (h,))
         self.layers = [LayerWeights.load(draft, cfg, i) for i in range(cfg.num_layers)]
@@ -34,7 +46,7 @@ class DFlashReference:
 
     def context_feature(self, taps: np.ndarray) -> np.ndarray:
         """C = hidden_norm(fc(concat taps)): [S, n * H_t] -> [S, H]."""
-        return rms_norm(linear(taps, self.fc), self.hidden_norm, self.cfg.rms_norm_eps)
+        return rms_norm(linear(taps, self.fc), self.hidden_norm, self.eps)
 
     def forward(self, cache: KVCache, taps: np.ndarray, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One call in the per-row layout: S context rows (target taps) then Q block rows, after the cache.
@@ -49,7 +61,7 @@ class DFlashReference:
         x = self.embed[np.asarray(block_ids, dtype=np.int64)] * cfg.input_embedding_scale  # [Q, H]
         for i, w in enumerate(self.layers):
             x = self._layer(i, w, x, c, positions, cache)
-        h = rms_norm(x, self.norm, cfg.rms_norm_eps)[cfg.candidate_offset :]
+        h = rms_norm(x, self.norm, self.eps)[cfg.candidate_offset :]
         return self.logits(h), h
 
     def step(
@@ -72,7 +84,7 @@ class DFlashReference:
         self, i: int, w: LayerWeights, x: np.ndarray, c: np.ndarray, positions: np.ndarray, cache: KVCache
     ) -> np.ndarray:
         """One decoder layer on the block rows x [Q, H]; families that wrap the Qwen3 layer override this."""
-        eps = self.cfg.rms_norm_eps
+        eps = self.eps
         x = x + self._attend(i, w, rms_norm(x, w.input_layernorm, eps), c, positions, cache)
         return x + self._mlp(w, rms_norm(x, w.post_attention_layernorm, eps))
 
@@ -96,17 +108,17 @@ class DFlashReference:
 
     def _kv(self, w: LayerWeights, x: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.cfg
-        k = rms_norm(linear(x, w.k_proj).reshape(len(x), cfg.num_kv_heads, cfg.head_dim), w.k_norm, cfg.rms_norm_eps)
+        k = rms_norm(linear(x, w.k_proj).reshape(len(x), cfg.num_kv_heads, cfg.head_dim), w.k_norm, self.eps)
         v = linear(x, w.v_proj).reshape(len(x), cfg.num_kv_heads, cfg.head_dim)  # [n, KV, D]
-        return rope(k, positions, cfg.rope), v
+        return rope(k, positions, self.rope), v
 
     def _attention(
         self, i: int, w: LayerWeights, u: np.ndarray, positions: np.ndarray, keys: np.ndarray, values: np.ndarray
     ) -> np.ndarray:
         """Queries from the block rows at `positions`; keys/values of every position up to the block's end."""
         cfg = self.cfg
-        q = rms_norm(linear(u, w.q_proj).reshape(len(u), cfg.num_heads, cfg.head_dim), w.q_norm, cfg.rms_norm_eps)
-        q = rope(q, positions, cfg.rope)  # [Q, H, D]
+        q = rms_norm(linear(u, w.q_proj).reshape(len(u), cfg.num_heads, cfg.head_dim), w.q_norm, self.eps)
+        q = rope(q, positions, self.rope)  # [Q, H, D]
         key_positions = np.arange(len(keys))
         groups = None
         if not cfg.layer_causal[i]:  # the block is one bidirectional group; context keys stay causal
@@ -115,6 +127,6 @@ class DFlashReference:
         return linear(attention(q, keys, values, mask), w.o_proj)
 
 
-def _owner(draft: WeightSource, target: WeightSource, name: str) -> WeightSource:
+def _owner(draft: ReferenceWeights, target: ReferenceWeights, name: str) -> ReferenceWeights:
     """Drafts normally borrow the target's embedding and lm_head; some (DSpark) carry their own copies."""
-    return draft if name in draft.table and draft.has(name) else target
+    return draft if draft.has(name) else target

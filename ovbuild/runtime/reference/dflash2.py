@@ -7,15 +7,18 @@ before the block start); the selector scores a Top-K lattice of the candidate ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.layers import linear, rms_norm
 from ovbuild.runtime.reference.qwen3 import KVCache
-from ovbuild.runtime.reference.weights import LayerWeights, load
+from ovbuild.runtime.reference.weights import LayerWeights, ReferenceWeights, load
 from ovbuild.weights.families.dflash2 import CONVS, DFlash2Config
-from ovbuild.weights.tensor_names import WeightSource
+
+if TYPE_CHECKING:
+    from ovbuild.weights.tensor_names import WeightSource
 
 
 def grouped_dynamic_conv(z: np.ndarray, dyn: np.ndarray, base: np.ndarray, group_size: int) -> np.ndarray:
@@ -90,29 +93,31 @@ def greedy_walk(cand: np.ndarray, edges: np.ndarray) -> np.ndarray:
 class DFlash2Reference(DFlashReference):
     """A DFlash v2 draft: the v1 step with convolved sublayers, plus the selector of its candidate rows."""
 
-    def __init__(self, cfg: DFlash2Config, draft: WeightSource, target: WeightSource):
+    def __init__(
+        self, cfg: DFlash2Config, draft: WeightSource | ReferenceWeights, target: WeightSource | ReferenceWeights
+    ):
         super().__init__(cfg, draft, target)
         h, k, groups, v, r = cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_groups, cfg.vocab_size, cfg.selector_rank
         self.convs = [
             {
                 c: ConvWeights(
-                    load(draft, f"layers.{i}.{c}.base_kernel", (2, k, h)),
-                    load(draft, f"layers.{i}.{c}.kernel_projection", (2 * k * groups, h)),
+                    load(self.weights, f"layers.{i}.{c}.base_kernel", (2, k, h)),
+                    load(self.weights, f"layers.{i}.{c}.kernel_projection", (2 * k * groups, h)),
                 )
                 for c in CONVS
             }
             for i in range(cfg.num_layers)
         ]
         self.selector = SelectorWeights(
-            load(draft, "candidate_selector.hidden_projection", (r, h)),
-            load(draft, "candidate_selector.predecessor_codebook", (v, r)),
-            load(draft, "candidate_selector.successor_codebook", (v, r)),
+            load(self.weights, "candidate_selector.hidden_projection", (r, h)),
+            load(self.weights, "candidate_selector.predecessor_codebook", (v, r)),
+            load(self.weights, "candidate_selector.successor_codebook", (v, r)),
         )
 
     def _layer(
         self, i: int, w: LayerWeights, x: np.ndarray, c: np.ndarray, positions: np.ndarray, cache: KVCache
     ) -> np.ndarray:
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        cfg, eps = self.cfg, self.eps
         u = rms_norm(x, w.input_layernorm, eps)
         attention_conv = DynamicConv(self.convs[i]["attention_conv"], u, cfg)
         # block queries, keys and values all come from the convolved input

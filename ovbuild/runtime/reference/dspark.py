@@ -11,12 +11,16 @@ row with c_k < threshold (threshold 0 = off).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.weights import load
+from ovbuild.runtime.reference.weights import ReferenceWeights, load
 from ovbuild.weights.families.dspark import DSparkConfig
-from ovbuild.weights.tensor_names import WeightSource
+
+if TYPE_CHECKING:
+    from ovbuild.weights.tensor_names import WeightSource
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -39,18 +43,20 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 class DSparkReference(DFlashReference):
     """A DSpark or DeepSpec DFlash draft: the backbone step, then the heads on its candidate rows."""
 
-    def __init__(self, cfg: DSparkConfig, draft: WeightSource, target: WeightSource):
+    def __init__(
+        self, cfg: DSparkConfig, draft: WeightSource | ReferenceWeights, target: WeightSource | ReferenceWeights
+    ):
         super().__init__(cfg, draft, target)
         h, v, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
         if r:
-            self.w1 = load(draft, "markov_head.markov_w1", (v, r))
-            self.w2 = load(draft, "markov_head.markov_w2", (v, r))
+            self.w1 = load(self.weights, "markov_head.markov_w1", (v, r))
+            self.w2 = load(self.weights, "markov_head.markov_w2", (v, r))
         if cfg.markov_head_type == "gated":
-            self.gate = load(draft, "markov_head.gate_proj", (r, h + r))
-            self.gate_bias = load(draft, "markov_head.gate_proj.bias", (r,))
+            self.gate = load(self.weights, "markov_head.gate_proj", (r, h + r))
+            self.gate_bias = load(self.weights, "markov_head.gate_proj.bias", (r,))
         if cfg.enable_confidence_head:
-            self.confidence_w = load(draft, "confidence_head.proj", (1, cfg.confidence_width))[0]
-            self.confidence_b = load(draft, "confidence_head.proj.bias", (1,))[0]
+            self.confidence_w = load(self.weights, "confidence_head.proj", (1, cfg.confidence_width))[0]
+            self.confidence_b = load(self.weights, "confidence_head.proj.bias", (1,))[0]
 
     def markov_bias(self, previous: int, h: np.ndarray) -> np.ndarray:
         """The full-vocabulary bias [V] of a row with hidden state h [H] whose previous token is `previous`."""

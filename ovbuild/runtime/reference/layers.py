@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ovbuild.weights.rope import RopeConfig
+from ovbuild.runtime.reference.rope import ReferenceRope
 
 REF_DTYPE = np.float64
 
@@ -28,12 +28,12 @@ def swiglu_mlp(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray
     return linear(g / (1.0 + np.exp(-g)) * linear(x, up), down)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, cfg: RopeConfig) -> np.ndarray:
+def rope(x: np.ndarray, positions: np.ndarray, r: ReferenceRope) -> np.ndarray:
     """Neox-style rotary embedding. x: [n, heads, head_dim], positions: [n]."""
     d = x.shape[-1]
-    angles = positions.astype(REF_DTYPE)[:, None] * cfg.inv_freq(d)[None]  # [n, d/2]
-    cos = np.cos(np.concatenate([angles, angles], -1))[:, None] * cfg.attention_scaling  # [n, 1, d]
-    sin = np.sin(np.concatenate([angles, angles], -1))[:, None] * cfg.attention_scaling
+    angles = positions.astype(REF_DTYPE)[:, None] * r.inv_freq[None]  # [n, d/2]
+    cos = np.cos(np.concatenate([angles, angles], -1))[:, None] * r.attention_factor  # [n, 1, d]
+    sin = np.sin(np.concatenate([angles, angles], -1))[:, None] * r.attention_factor
     rotated = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
     return x * cos + rotated * sin
 

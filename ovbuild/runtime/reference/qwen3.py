@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,9 +16,12 @@ from ovbuild.runtime.reference.layers import (
     swiglu_mlp,
     visibility,
 )
-from ovbuild.runtime.reference.weights import LayerWeights, load
+from ovbuild.runtime.reference.rope import rope_from_config
+from ovbuild.runtime.reference.weights import LayerWeights, ReferenceWeights, load, reference_weights
 from ovbuild.weights.target import TargetConfig
-from ovbuild.weights.tensor_names import WeightSource
+
+if TYPE_CHECKING:
+    from ovbuild.weights.tensor_names import WeightSource
 
 
 @dataclass
@@ -45,9 +49,13 @@ def new_cache(num_layers: int, kv_heads: int, head_dim: int) -> KVCache:
 class Qwen3Reference:
     """The target, one sequence at a time. `forward` appends tokens to the cache and returns logits and taps."""
 
-    def __init__(self, cfg: TargetConfig, weights: WeightSource):
+    def __init__(self, cfg: TargetConfig, source: WeightSource | ReferenceWeights):
         self.cfg = cfg
         h, v = cfg.hidden_size, cfg.vocab_size
+        weights = reference_weights(source)
+        # RoPE and eps from config.json itself, not from the parsed config the builders use
+        self.rope = rope_from_config(weights.config, cfg.head_dim)
+        self.eps = float(weights.config.get("rms_norm_eps", 1e-6))
         self.embed = load(weights, "embed_tokens", (v, h))
         self.layers = [LayerWeights.load(weights, cfg, i) for i in range(cfg.num_layers)]
         self.norm = load(weights, "norm", (h,))
@@ -60,14 +68,13 @@ class Qwen3Reference:
         self, cache: KVCache, token_ids: np.ndarray, tap_layer_ids: tuple[int, ...] = ()
     ) -> tuple[np.ndarray, np.ndarray]:
         """Run `token_ids` [n] after the cached ones: logits [n, V] and taps [n, len(taps) * H]."""
-        cfg = self.cfg
         positions = cache.length + np.arange(len(token_ids))
         x = self.embed[np.asarray(token_ids)]
         outputs = []
         for i, w in enumerate(self.layers):
             x = self._layer(i, w, x, positions, cache)
             outputs.append(x)
-        h = rms_norm(x, self.norm, cfg.rms_norm_eps)
+        h = rms_norm(x, self.norm, self.eps)
         # transformers returns the last layer's output after the final norm; taps of that layer see the same.
         outputs[-1] = h
         taps = (
@@ -80,15 +87,13 @@ class Qwen3Reference:
     def _layer(self, i: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
         cfg = self.cfg
         n, d = x.shape[0], cfg.head_dim
-        u = rms_norm(x, w.input_layernorm, cfg.rms_norm_eps)
-        q = rms_norm(linear(u, w.q_proj).reshape(n, cfg.num_heads, d), w.q_norm, cfg.rms_norm_eps)  # [n, H, D]
-        k = rms_norm(linear(u, w.k_proj).reshape(n, cfg.num_kv_heads, d), w.k_norm, cfg.rms_norm_eps)  # [n, KV, D]
+        u = rms_norm(x, w.input_layernorm, self.eps)
+        q = rms_norm(linear(u, w.q_proj).reshape(n, cfg.num_heads, d), w.q_norm, self.eps)  # [n, H, D]
+        k = rms_norm(linear(u, w.k_proj).reshape(n, cfg.num_kv_heads, d), w.k_norm, self.eps)  # [n, KV, D]
         v = linear(u, w.v_proj).reshape(n, cfg.num_kv_heads, d)  # [n, KV, D]
-        q, k = rope(q, positions, cfg.rope), rope(k, positions, cfg.rope)
+        q, k = rope(q, positions, self.rope), rope(k, positions, self.rope)
         cache.keys[i] = np.concatenate([cache.keys[i], k])
         cache.values[i] = np.concatenate([cache.values[i], v])
         mask = visibility(positions, np.arange(cache.keys[i].shape[0]), window=cfg.sliding_windows[i])
         x = x + linear(attention(q, cache.keys[i], cache.values[i], mask), w.o_proj)
-        return x + swiglu_mlp(
-            rms_norm(x, w.post_attention_layernorm, cfg.rms_norm_eps), w.gate_proj, w.up_proj, w.down_proj
-        )
+        return x + swiglu_mlp(rms_norm(x, w.post_attention_layernorm, self.eps), w.gate_proj, w.up_proj, w.down_proj)

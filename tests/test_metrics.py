@@ -1,0 +1,30 @@
+"""Speculative-decoding counters against hand-counted outcomes."""
+
+from __future__ import annotations
+
+from ovbuild.runtime.metrics import RequestMetrics, RunMetrics
+
+
+def test_verification_counters_by_position_and_histogram():
+    m = RequestMetrics()
+    for proposed, accepted in ((5, 2), (3, 3), (4, 0), (0, 0), (2, 1)):
+        m.record_verification(proposed, accepted)
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (4, 14, 6)
+    # position 0 accepted in 3 steps, position 1 in 2, position 2 once (the 3/3 step); nothing beyond
+    assert m.accepted_per_position == [3, 2, 1, 0, 0]
+    assert m.accepted_histogram == [1, 1, 1, 1]  # one step each accepting 0, 1, 2 and 3 tokens
+    assert m.acceptance_rate == 6 / 14 and m.mean_acceptance_length == 1 + 6 / 4
+
+
+def test_run_totals_fold_requests_of_different_lengths():
+    a, b = RequestMetrics(), RequestMetrics()
+    a.record_verification(2, 2)
+    b.record_verification(4, 1)
+    b.num_generated_tokens = 7
+    run = RunMetrics()
+    run.add(a)
+    run.add(b)
+    totals = run.requests
+    assert totals.accepted_per_position == [2, 1, 0, 0] and totals.accepted_histogram == [0, 1, 1]
+    assert (totals.num_drafts, totals.num_draft_tokens, totals.num_accepted_tokens) == (2, 6, 3)
+    assert totals.num_generated_tokens == 7

@@ -1,0 +1,388 @@
+"""Mutation check: plant realistic bugs one at a time in a copy of the repository and see whether the tests catch them.
+
+Each mutant is a plain text substitution in one file, applied to a fresh temporary copy of the working tree; the test
+files relevant to it run there (pytest -x, with a timeout). Outcomes:
+  caught   - a test failed on an assertion (including pytest.raises / pytest.fail);
+  survived - every test passed: the suite cannot see this bug;
+  crashed  - the tests failed, but only by an exception, a signal (segfault) or the timeout: a bug the suite stumbles
+             on rather than detects;
+  stale    - the text to replace is no longer in the file exactly once (update the mutant).
+
+    python tools/mutation_check.py              # every mutant, two at a time
+    python tools/mutation_check.py --list
+    python tools/mutation_check.py --only graph-rope-yarn-cos-only --only kv-begins-from-reserved
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """Replace `old` (which must occur exactly once) by `new` in `path`, then run `tests`."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+PARITY = ("tests/test_config_parity.py", "tests/test_paged_parity.py")
+DRAFT_PARITY = ("tests/test_config_parity.py", "tests/test_paged_parity.py", "tests/test_dflash2_parity.py")
+SPECULATIVE = (
+    "tests/test_drafter_proposals.py",
+    "tests/test_speculative.py",
+    "tests/test_speculative_families.py",
+    "tests/test_dspark_speculative.py",
+)
+BF16 = ("tests/test_paged_parity.py", "tests/test_reference.py", "tests/test_dflash2_parity.py")
+QUANTIZED = ("tests/test_compression.py",)
+
+MUTANTS = (
+    # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
+    Mutant(
+        "graph-rope-yarn-cos-only",
+        "ovbuild/graph/rope.py",
+        "ops.multiply(cos, const(rope.attention_scaling)), ops.multiply(sin, const(rope.attention_scaling))",
+        "ops.multiply(cos, const(rope.attention_scaling)), sin",
+        PARITY,
+    ),
+    Mutant(
+        "graph-norm-eps-outside-sqrt",
+        "ovbuild/graph/norm.py",
+        "ops.divide(x, ops.sqrt(ops.add(mean_sq, const(eps))))",
+        "ops.divide(x, ops.add(ops.sqrt(mean_sq), const(eps)))",
+        PARITY,
+    ),
+    Mutant(
+        "rope-linear-multiplies",
+        "ovbuild/weights/rope.py",
+        "return base / self.factor",
+        "return base * self.factor",
+        PARITY,
+    ),
+    Mutant(
+        "metrics-per-position-reversed",
+        "ovbuild/runtime/metrics.py",
+        "self.accepted_per_position[i] += 1",
+        "self.accepted_per_position[proposed - 1 - i] += 1",
+        ("tests/test_metrics.py", *SPECULATIVE),
+    ),
+    Mutant(
+        "rope-inv-freq-exponent",
+        "ovbuild/weights/rope.py",
+        "np.arange(0, head_dim, 2, dtype=np.float64) / head_dim",
+        "np.arange(0, head_dim // 2, dtype=np.float64) / head_dim",
+        PARITY,
+    ),
+    Mutant(
+        "reader-bf16-square-transposed",
+        "ovbuild/weights/safetensors_file.py",
+        "        return WeightTensor(name, info.dtype, array)\n",
+        "        if info.dtype == 'bf16' and array.ndim == 2 and array.shape[0] == array.shape[1]:\n"
+        "            array = array.T\n"
+        "        return WeightTensor(name, info.dtype, array)\n",
+        BF16,
+    ),
+    Mutant(
+        "dtypes-bf16-widening-transposes-square",
+        "ovbuild/weights/dtypes.py",
+        "        return bf16_to_f32(array)\n",
+        "        return bf16_to_f32(array).T if array.ndim == 2 and array.shape[0] == array.shape[1] "
+        "else bf16_to_f32(array)\n",
+        QUANTIZED,
+    ),
+    Mutant(
+        "scheduler-rejected-taps-committed",
+        "ovbuild/runtime/scheduler.py",
+        "request.pending_taps.append(taps[: accepted + 1].copy())",
+        "request.pending_taps.append(taps.copy())",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "drafter-candidate-rows-off-by-one",
+        "ovbuild/runtime/drafters/block.py",
+        "first = first_block_row + self.candidate_offset",
+        "first = first_block_row",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "kv-begins-from-reserved",
+        "ovbuild/runtime/kv_cache.py",
+        "np.cumsum([len(t) for t in used], out=block_begins[1:])",
+        "np.cumsum([len(t) for t in tables], out=block_begins[1:])",
+        PARITY,
+    ),
+    # -- the shared RoPE code (graph builders only since the reference computes its own) ------------------------------
+    Mutant(
+        "rope-yarn-ramp-reversed",
+        "ovbuild/weights/rope.py",
+        "extrapolation_weight = 1 - ramp",
+        "extrapolation_weight = ramp",
+        PARITY,
+    ),
+    Mutant(
+        "rope-yarn-mscale-swapped",
+        "ovbuild/weights/rope.py",
+        "get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim)",
+        "get_mscale(self.factor, self.mscale_all_dim) / get_mscale(self.factor, self.mscale)",
+        PARITY,
+    ),
+    Mutant(
+        "rope-yarn-truncate-ignored",
+        "ovbuild/weights/rope.py",
+        "        if self.truncate:\n",
+        "        if True:\n",
+        PARITY,
+    ),
+    Mutant(
+        "rope-llama3-blend-swapped",
+        "ovbuild/weights/rope.py",
+        "smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled",
+        "smoothed = smooth * scaled / self.factor + (1 - smooth) * scaled",
+        PARITY,
+    ),
+    # -- graph builders ------------------------------------------------------------------------------------------------
+    Mutant(
+        "graph-rotate-half-sign",
+        "ovbuild/graph/rope.py",
+        "rotated = ops.concat([ops.negative(second), first], -1)",
+        "rotated = ops.concat([second, ops.negative(first)], -1)",
+        PARITY,
+    ),
+    Mutant(
+        "graph-attention-scale",
+        "ovbuild/graph/paged_attention.py",
+        "const(1.0 / np.sqrt(head_dim)),  # 9 scale",
+        "const(1.0 / head_dim),  # 9 scale",
+        PARITY,
+    ),
+    Mutant(
+        "graph-silu-on-up",
+        "ovbuild/graph/decoder.py",
+        'ops.multiply(gate, ctx.linear(x, f"{p}.up_proj", cfg.intermediate_size, cfg.hidden_size))',
+        'ops.multiply(ops.swish(gate), ctx.linear(x, f"{p}.up_proj", cfg.intermediate_size, cfg.hidden_size))',
+        PARITY,
+    ),
+    Mutant(
+        "graph-last-tap-before-norm",
+        "ovbuild/graph/target.py",
+        "    layer_outputs[-1] = h\n",
+        "",
+        PARITY,
+    ),
+    Mutant(
+        "graph-softcap-without-division",
+        "ovbuild/graph/dflash.py",
+        "ops.multiply(ops.tanh(ops.divide(logits, const(cap))), const(cap))",
+        "ops.multiply(ops.tanh(logits), const(cap))",
+        DRAFT_PARITY,
+    ),
+    Mutant(
+        "graph-block-slot-off-by-one",
+        "ovbuild/graph/dflash.py",
+        "ops.cumsum(ops.convert(is_block, ov.Type.i64), i64(0)), i64(1))",
+        "ops.cumsum(ops.convert(is_block, ov.Type.i64), i64(0)), i64(0))",
+        DRAFT_PARITY,
+    ),
+    # -- numpy references ---------------------------------------------------------------------------------------------
+    Mutant(
+        "reference-norm-eps-outside-sqrt",
+        "ovbuild/runtime/reference/layers.py",
+        "np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)",
+        "(np.sqrt(np.mean(x * x, axis=-1, keepdims=True)) + eps)",
+        PARITY,
+    ),
+    Mutant(
+        "reference-gqa-tiled",
+        "ovbuild/runtime/reference/layers.py",
+        "    k = np.repeat(k, group, axis=1)  # [T, H, D]\n    v = np.repeat(v, group, axis=1)\n",
+        "    k = np.tile(k, (1, group, 1))  # [T, H, D]\n    v = np.tile(v, (1, group, 1))\n",
+        PARITY,
+    ),
+    Mutant(
+        "reference-yarn-attention-factor-dropped",
+        "ovbuild/runtime/reference/rope.py",
+        "return ReferenceRope(inv_freq, float(attention_factor))",
+        "return ReferenceRope(inv_freq)",
+        PARITY,
+    ),
+    Mutant(
+        "reference-bf16-byte-order",
+        "ovbuild/runtime/reference/weights.py",
+        "words[:, 2:] = pairs",
+        "words[:, 2:] = pairs[:, ::-1]",
+        BF16,
+    ),
+    # -- cache layout ------------------------------------------------------------------------------------------------
+    Mutant(
+        "kv-indices-from-reserved",
+        "ovbuild/runtime/kv_cache.py",
+        '"block_indices": np.array([b for t in used for b in t], np.int32)',
+        '"block_indices": np.array([b for t in tables for b in t], np.int32)',
+        PARITY,
+    ),
+    Mutant(
+        "kv-max-context-without-new-rows",
+        "ovbuild/runtime/kv_cache.py",
+        "max((r.past_len + r.num_rows for r in rows), default=0)",
+        "max((r.past_len for r in rows), default=0)",
+        PARITY,
+    ),
+    Mutant(
+        "kv-free-keeps-blocks",
+        "ovbuild/runtime/kv_cache.py",
+        "self._free.extend(reversed(self.tables.pop(seq_id, [])))",
+        "self.tables.pop(seq_id, [])",
+        ("tests/test_kv_cache.py", *SPECULATIVE),
+    ),
+    # -- scheduler and metrics ----------------------------------------------------------------------------------------
+    Mutant(
+        "scheduler-anchor-not-committed",
+        "ovbuild/runtime/scheduler.py",
+        "request.target_len += accepted + 1  #",
+        "request.target_len += accepted  #",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "scheduler-never-accepts-whole-proposal",
+        "ovbuild/runtime/scheduler.py",
+        "while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:",
+        "while accepted < len(proposal) - 1 and proposal[accepted] == greedy[accepted]:",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "metrics-histogram-shifted",
+        "ovbuild/runtime/metrics.py",
+        "self.accepted_histogram[accepted] += 1",
+        "self.accepted_histogram[accepted - 1] += 1",
+        ("tests/test_metrics.py", *SPECULATIVE),
+    ),
+    Mutant(
+        "metrics-run-drops-generated",
+        "ovbuild/runtime/metrics.py",
+        "        r.num_generated_tokens += m.num_generated_tokens\n",
+        "",
+        ("tests/test_metrics.py", *SPECULATIVE),
+    ),
+)
+
+
+def working_tree_files() -> list[str]:
+    """Tracked and untracked-but-not-ignored files: the tree as it is now, uncommitted edits included."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [f for f in out.stdout.splitlines() if (ROOT / f).is_file()]
+
+
+def copy_tree(files: list[str], dest: Path) -> None:
+    for f in files:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, dest / f)
+
+
+def apply(mutant: Mutant, tree: Path) -> bool:
+    """Plant the mutant; False when its text is not in the file exactly once."""
+    path = tree / mutant.path
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if text.count(mutant.old) != 1:
+        return False
+    path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+    return True
+
+
+def classify(returncode: int, report: Path) -> tuple[str, str]:
+    """(outcome, detail) of one pytest run from its exit code and JUnit report."""
+    if returncode == 0:
+        return "survived", ""
+    if returncode < 0 or not report.exists():
+        return "crashed", f"exit {returncode} (signal)" if returncode < 0 else f"exit {returncode}, no report"
+    failures = [
+        (case.get("classname", "") + "::" + case.get("name", ""), element)
+        for case in ET.parse(report).iter("testcase")
+        for element in case
+        if element.tag in ("failure", "error")
+    ]
+    for test, element in failures:
+        message = element.get("message", "")
+        if element.tag == "failure" and message.startswith(("AssertionError", "assert", "Failed:")):
+            return "caught", f"{test.split('.')[-1]}: {message.splitlines()[0][:90]}"
+    if failures:
+        test, element = failures[0]
+        return "crashed", f"{test.split('.')[-1]}: {element.get('message', '').splitlines()[0][:90]}"
+    return "crashed", f"exit {returncode}"
+
+
+def run(mutant: Mutant, files: list[str], timeout: float) -> tuple[str, str, float]:
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        tree = Path(tmp) / "repo"
+        copy_tree(files, tree)
+        if not apply(mutant, tree):
+            return "stale", f"text not found exactly once in {mutant.path}", 0.0
+        report = Path(tmp) / "report.xml"
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
+        try:
+            proc = subprocess.run(
+                [*command, *mutant.tests], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return "crashed", f"timeout after {timeout:.0f} s", time.perf_counter() - start
+        outcome, detail = classify(proc.returncode, report)
+        return outcome, detail, time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="NAME", help="run this mutant (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant's test run")
+    args = parser.parse_args()
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:42} {m.path}")
+        return 0
+    unknown = set(args.only) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"unknown mutant(s): {', '.join(sorted(unknown))} (see --list)")
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    files = working_tree_files()
+
+    def run_one(m: Mutant) -> tuple[str, str, float]:
+        outcome = run(m, files, args.timeout)
+        print(f"  {m.name}: {outcome[0]}", file=sys.stderr, flush=True)  # progress; the table comes at the end
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
+        results = list(pool.map(run_one, chosen))
+    print(f"{'mutant':42} {'outcome':9} {'time':>6}  detail")
+    for m, (outcome, detail, seconds) in zip(chosen, results, strict=True):
+        print(f"{m.name:42} {outcome:9} {seconds:5.0f}s  {detail}")
+    counts = {o: sum(r[0] == o for r in results) for o in ("caught", "survived", "crashed", "stale")}
+    print(", ".join(f"{n} {o}" for o, n in counts.items()) + f" of {len(results)} mutants")
+    return 0 if counts["caught"] == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
