@@ -19,7 +19,7 @@ import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.ops import argmax, i64
-from ovbuild.runtime.sampling import SamplingParams, draw, position_uniforms, processed_probs
+from ovbuild.runtime.sampling import SamplingParams, position_uniforms, processed_probs, race
 from ovbuild.runtime.verify import verify_sampled
 
 HOST_SETTINGS = {
@@ -42,7 +42,7 @@ def median_ms(fn, repeats: int) -> float:
 
 def host_sample(logits: np.ndarray, params: SamplingParams) -> list[int]:
     p = processed_probs(logits, params)
-    return [draw(row, position_uniforms(params.rng_seed, i).token) for i, row in enumerate(p)]
+    return [race(row, position_uniforms(params.rng_seed, i, row.shape[-1]).token) for i, row in enumerate(p)]
 
 
 def in_graph_inverse_cdf(vocab: int) -> ov.CompiledModel:

@@ -11,7 +11,7 @@ import pytest
 
 from ovbuild.errors import ConfigError
 from ovbuild.runtime.request import GenerationConfig
-from ovbuild.runtime.sampling import SamplingParams, Uniforms, draw, position_uniforms, processed_probs
+from ovbuild.runtime.sampling import SamplingParams, Uniforms, draw, position_uniforms, processed_probs, race
 from ovbuild.runtime.verify import RowUniforms, residual, verify_point_mass, verify_stochastic
 
 # -- direct implementations, written from the definitions (transformers' warpers; Leviathan et al. 2023) -------------
@@ -44,11 +44,17 @@ def direct_stochastic(p, q, proposal, u) -> list[int]:
         if not u[i].accept < min(1.0, p[i][x] / q[i][x]):
             r = np.maximum(p[i] - q[i], 0)
             return [*proposal[:i], direct_draw(r / r.sum(), u[i].residual)]
-    return [*proposal, direct_draw(p[len(proposal)], u[len(proposal)].token)]
+    return [*proposal, direct_race(p[len(proposal)], u[len(proposal)].token)]
+
+
+def direct_race(p: np.ndarray, keys: np.ndarray) -> int:
+    """The exponential race as written: the token whose key / p(x) is smallest, among tokens with mass."""
+    with np.errstate(divide="ignore"):
+        return int(np.argmin(np.where(p > 0, keys / p, np.inf)))
 
 
 def target_alone(p, n: int, u) -> list[int]:
-    return [direct_draw(p[i], u[i].token) for i in range(n)]
+    return [direct_race(p[i], u[i].token) for i in range(n)]
 
 
 # -- the processed distribution and the draws --------------------------------------------------------------------
@@ -81,9 +87,33 @@ def test_draw_follows_p_and_never_picks_a_token_without_mass():
 
 
 def test_position_uniforms_depend_only_on_seed_and_position():
-    a = position_uniforms(7, 12)
-    assert a == position_uniforms(7, 12) and all(0 <= x < 1 for x in a)
-    assert a != position_uniforms(7, 13) and a != position_uniforms(8, 12)
+    def values(seed, position):
+        u = position_uniforms(seed, position, 50)
+        return (u.accept, u.residual, *u.token.tolist())
+
+    a = values(7, 12)
+    assert a == values(7, 12) and 0 <= a[0] < 1 and 0 <= a[1] < 1 and min(a[2:]) > 0
+    assert a != values(7, 13) and a != values(8, 12)
+    assert len(set(a[2:])) == 50  # a key per token
+
+
+def test_race_follows_p_and_never_picks_a_token_without_mass():
+    p = np.array([0.0, 0.25, 0.0, 0.5, 0.25, 0.0])
+    rng = np.random.default_rng(3)
+    picks = [race(p, rng.standard_exponential(6)) for _ in range(20_000)]
+    counts = np.bincount(picks, minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert np.abs(counts / counts.sum() - p).max() < 0.015
+
+
+def test_racing_draft_and_target_agree_when_close():
+    """The coupling the exact verification relies on: same keys, P(same token) >= (1 - TV) / (1 + TV)."""
+    rng = np.random.default_rng(4)
+    p = rng.dirichlet(np.full(200, 0.3))
+    q = 0.8 * p + 0.2 * rng.dirichlet(np.full(200, 0.3))
+    tv = 0.5 * np.abs(p - q).sum()
+    same = np.mean([race(p, k) == race(q, k) for k in rng.standard_exponential((4000, 200))])
+    assert same > (1 - tv) / (1 + tv), f"agreement {same:.3f}, TV {tv:.3f}"
 
 
 @pytest.mark.parametrize(
@@ -116,7 +146,7 @@ def random_case(rng, k: int, v: int = 12):
             row /= row.sum()
     q[0] = p[0] if rng.random() < 0.2 else q[0]  # sometimes q = p: every token accepted, the bonus drawn
     proposal = [direct_draw(row, rng.random()) for row in q]
-    u = [Uniforms(*rng.random(3)) for _ in range(k + 1)]
+    u = [Uniforms(rng.standard_exponential(v), rng.random(), rng.random()) for _ in range(k + 1)]
     return p, q, proposal, u
 
 
@@ -168,7 +198,7 @@ def broken_greedy_accept(p, q, proposal, u):
     for i, x in enumerate(proposal):
         if not p[i][x] > q[i][x]:
             return [*proposal[:i], draw(residual(p[i], q[i]), u[i].residual)]
-    return [*proposal, draw(p[len(proposal)], u[len(proposal)].token)]
+    return [*proposal, race(p[len(proposal)], u[len(proposal)].token)]
 
 
 def broken_no_residual(p, q, proposal, u):
@@ -176,7 +206,7 @@ def broken_no_residual(p, q, proposal, u):
     for i, x in enumerate(proposal):
         if u[i].accept * q[i][x] >= p[i][x]:
             return [*proposal[:i], draw(p[i], u[i].residual)]
-    return [*proposal, draw(p[len(proposal)], u[len(proposal)].token)]
+    return [*proposal, race(p[len(proposal)], u[len(proposal)].token)]
 
 
 def direct_point_mass(p, proposal, u):
@@ -186,7 +216,7 @@ def direct_point_mass(p, proposal, u):
             rest = p[i].copy()
             rest[x] = 0
             return [*proposal[:i], draw(rest, u[i].residual)]
-    return [*proposal, draw(p[len(proposal)], u[len(proposal)].token)]
+    return [*proposal, race(p[len(proposal)], u[len(proposal)].token)]
 
 
 def broken_point_mass_keeps_x(p, proposal, u):
@@ -194,7 +224,7 @@ def broken_point_mass_keeps_x(p, proposal, u):
     for i, x in enumerate(proposal):
         if u[i].accept >= p[i][x]:
             return [*proposal[:i], draw(p[i], u[i].residual)]
-    return [*proposal, draw(p[len(proposal)], u[len(proposal)].token)]
+    return [*proposal, race(p[len(proposal)], u[len(proposal)].token)]
 
 
 def speculative(rule, stochastic: bool, seed: int) -> tuple[int, ...]:
@@ -204,11 +234,11 @@ def speculative(rule, stochastic: bool, seed: int) -> tuple[int, ...]:
         proposal, q = [], []
         for i in range(K):
             row = Q[proposal[-1] if proposal else out[-1]]
-            token = draw(row, position_uniforms(seed, position + i).token) if stochastic else int(np.argmax(row))
+            token = race(row, position_uniforms(seed, position + i, V).token) if stochastic else int(np.argmax(row))
             proposal.append(token)
             q.append(row)
         p = P[[out[-1], *proposal]]
-        u = RowUniforms(seed, position)
+        u = RowUniforms(seed, position, V)
         committed = rule(p, np.array(q), proposal, u) if stochastic else rule(p, proposal, u)
         out += committed
         position += len(committed)

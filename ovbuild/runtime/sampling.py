@@ -2,13 +2,15 @@
 
 p is built as transformers and OpenVINO GenAI build it: temperature, then top-k (ties with the k-th value kept), then
 top-p (the smallest head of the sorted distribution whose mass reaches top_p, renormalized after top-k). Draws are
-inverse-CDF draws from uniforms that depend only on (rng_seed, output position): see `position_uniforms`.
+exponential races (Gumbel-max) with keys that depend only on (rng_seed, output position, token), and the
+acceptance and residual draws of speculative verification inverse-CDF draws from uniforms of (rng_seed, position):
+see `position_uniforms`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -104,19 +106,35 @@ def _head(row: np.ndarray, enough) -> np.ndarray:
             return kept
 
 
-class Uniforms(NamedTuple):
-    """The three uniforms [0, 1) of one output position: the token draw, the acceptance test, the residual draw."""
+class Uniforms:
+    """The random numbers of one output position: Exp(1) race keys of the token draw (one per vocabulary entry,
+    made when first read), and the uniforms [0, 1) of the acceptance test and of the residual draw."""
 
-    token: float
-    accept: float
-    residual: float
+    def __init__(self, token: np.ndarray | Callable[[], np.ndarray], accept: float, residual: float):
+        self._token, self.accept, self.residual = token, accept, residual
+
+    @property
+    def token(self) -> np.ndarray:
+        if callable(self._token):
+            self._token = self._token()
+        return self._token
 
 
-def position_uniforms(rng_seed: int, position: int) -> Uniforms:
-    """Counter-based: Philox keyed by the seed, one counter block per output position, so the draws of position n
-    are the same whoever shares the batch, however many draft tokens a step verifies, with or without a draft."""
-    bits = np.random.Philox(key=rng_seed, counter=[0, position, 0, 0])
-    return Uniforms(*np.random.Generator(bits).random(3).tolist())
+def position_uniforms(rng_seed: int, position: int, vocab_size: int) -> Uniforms:
+    """Counter-based: Philox keyed by the seed, counter blocks of their own per output position, so the draws of
+    position n are the same whoever shares the batch, however many draft tokens a step verifies, with or without a
+    draft."""
+    accept, residual = np.random.Generator(np.random.Philox(key=rng_seed, counter=[0, position, 0, 0])).random(2)
+    keys = np.random.Generator(np.random.Philox(key=rng_seed, counter=[0, position, 1, 0]))
+    return Uniforms(lambda: keys.standard_exponential(vocab_size), float(accept), float(residual))
+
+
+def race(p: np.ndarray, keys: np.ndarray) -> int:
+    """The token draw: argmax p / keys over tokens with mass (keys Exp(1): an exponential race, Gumbel-max in
+    another form), a draw from p normalized. Draft and target racing with the same keys propose the same token
+    whenever their distributions are close: P(same) >= (1 - TV) / (1 + TV), whatever the vocabulary order."""
+    score = np.divide(p, keys, out=np.zeros_like(p, dtype=np.float64), where=p > 0)
+    return int(np.argmax(score))
 
 
 def draw(p: np.ndarray, u: float) -> int:
@@ -131,5 +149,6 @@ def draw(p: np.ndarray, u: float) -> int:
 def sample_rows(logits: np.ndarray, params: SamplingParams, first_position: int) -> tuple[list[int], np.ndarray]:
     """A draft's sampled proposals: logits [R, V] of output positions first_position.. -> (tokens, q [R, V])."""
     q = processed_probs(logits, params)
-    tokens = [draw(row, position_uniforms(params.rng_seed, first_position + i).token) for i, row in enumerate(q)]
+    vocab = q.shape[-1]
+    tokens = [race(row, position_uniforms(params.rng_seed, first_position + i, vocab).token) for i, row in enumerate(q)]
     return tokens, q
