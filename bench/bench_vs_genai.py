@@ -1,0 +1,193 @@
+"""ovbuild against stock OpenVINO GenAI, side by side in one process, on the shipped demo pair exported both ways from
+the same weights (paged for ovbuild, --format genai for GenAI).
+
+Modes, one request at a time: ovbuild target alone, ovbuild with the draft (adaptive draft length), GenAI
+`LLMPipeline` alone and with its DFlash `draft_model`. With 4, 16 and 32 requests at once: ovbuild alone and with the
+draft, GenAI `ContinuousBatchingPipeline` alone (GenAI's DFlash path serves one request at a time). Every round runs
+every mode once (interleaved); each ratio is taken within a round and the median over rounds is printed with its
+spread. Every mode's tokens must equal ovbuild's target alone (greedy; EOS ignored so that all run the same length).
+Both sides run at the same exactness: f32 inference and the same KV cache precision.
+
+    python bench/bench_vs_genai.py [--rounds 5] [--new-tokens 64] [--concurrency 1 4 16 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino_genai as genai
+
+from ovbuild.demo import DEMO_PROMPTS, shipped_pair
+from ovbuild.export import export
+from ovbuild.runtime.machine import describe
+from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
+from ovbuild.runtime.request import GenerationConfig
+
+# Starts of Python code like the demo target's training text (standard-library style); the first four are the demo's.
+PROMPTS = [
+    *DEMO_PROMPTS,
+    "import os\n\n\ndef walk(top):\n",
+    "    def __repr__(self):\n        return ",
+    "def read_lines(path):\n    with open(path) as f:\n",
+    "class Queue:\n    def put(self, item):\n",
+    "    for key, value in items:\n        ",
+    "def parse_args(argv=None):\n",
+    "    if not isinstance(value, str):\n        raise ",
+    "import re\n\n_pattern = re.compile(",
+    "    def __len__(self):\n",
+    "class Error(Exception):\n    ",
+    "def copy(src, dst):\n    ",
+    "    try:\n        return self._cache[key]\n",
+    "def main():\n    parser = ",
+    "    @property\n    def name(self):\n",
+    "class Node:\n    def __init__(self, value, next=None):\n",
+    "    def __iter__(self):\n        ",
+    "def split(s, sep=None):\n",
+    "    with self._lock:\n        ",
+    "def encode(data, encoding='utf-8'):\n",
+    "    def write(self, data):\n        ",
+    "import sys\n\n\ndef usage():\n",
+    "    except OSError as e:\n        ",
+    "def join(*paths):\n",
+    "    def keys(self):\n        return ",
+    "class Counter(dict):\n",
+    "    def clear(self):\n        ",
+    "def escape(s):\n    ",
+    "    while self._queue:\n        ",
+]
+
+
+def scheduler_config() -> genai.SchedulerConfig:
+    s = genai.SchedulerConfig()
+    s.enable_prefix_caching = False  # GenAI's DFlash pipeline refuses it; off for every GenAI mode alike
+    s.cache_size = 1  # GB
+    return s
+
+
+class Modes:
+    """Every mode: a function running a list of prompts (token ids) and returning their tokens."""
+
+    def __init__(self, paged: tuple[Path, Path], genai_dirs: tuple[Path, Path], kv: str, new_tokens: int, block: int):
+        self.new_tokens = new_tokens
+        target = ModelOptions(kv, "f32", EXACT_TARGET.cache_mb)
+        self.pipeline = Pipeline(*paged, RuntimeOptions(target=target))
+        props = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": kv}
+        self.llm = genai.LLMPipeline(str(genai_dirs[0]), "CPU", scheduler_config=scheduler_config(), **props)
+        draft = genai.draft_model(str(genai_dirs[1]), "CPU", INFERENCE_PRECISION_HINT="f32")
+        self.dflash = genai.LLMPipeline(
+            str(genai_dirs[0]), "CPU", draft_model=draft, scheduler_config=scheduler_config(), **props
+        )
+        self.cb = genai.ContinuousBatchingPipeline(str(genai_dirs[0]), scheduler_config(), "CPU", props)
+        self.config = genai.GenerationConfig()
+        self.config.max_new_tokens, self.config.ignore_eos = new_tokens, True
+        self.draft_config = genai.GenerationConfig()
+        self.draft_config.max_new_tokens, self.draft_config.ignore_eos = new_tokens, True
+        self.draft_config.num_assistant_tokens = block - 1  # the trained block (GenAI's default is 5)
+        self.last_metrics = None
+
+    def ovbuild(self, prompts: list[list[int]], use_draft: bool, concurrent: bool) -> list[list[int]]:
+        batches = [prompts] if concurrent else [[p] for p in prompts]
+        out = []
+        for batch in batches:
+            scheduler = self.pipeline.scheduler(use_draft=use_draft)
+            requests = [scheduler.add_request(p, GenerationConfig(self.new_tokens)) for p in batch]
+            scheduler.run()
+            out += [r.generated for r in requests]
+            self.last_metrics = scheduler.metrics
+        return out
+
+    def genai_llm(self, prompts: list[list[int]], use_draft: bool) -> list[list[int]]:
+        pipe, config = (self.dflash, self.draft_config) if use_draft else (self.llm, self.config)
+        return [list(pipe.generate(ov.Tensor(np.array([p], np.int64)), config).tokens[0]) for p in prompts]
+
+    def genai_cb(self, prompts: list[list[int]]) -> list[list[int]]:
+        tensors = [ov.Tensor(np.array([p], np.int64)) for p in prompts]
+        results = self.cb.generate(tensors, [self.config] * len(prompts))
+        return [list(r.m_generation_ids[0]) for r in results]
+
+
+def timed(run) -> tuple[float, list[list[int]]]:
+    start = time.perf_counter()
+    tokens = run()
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--kv-cache-precision", default=EXACT_TARGET.kv_cache_precision)
+    args = parser.parse_args()
+    print(describe())
+    with tempfile.TemporaryDirectory(prefix="ovbuild_vs_genai_") as tmp:
+        tmp = Path(tmp)
+        target_ckpt, draft_ckpt = shipped_pair()
+        paged = (
+            export(target_ckpt, tmp / "paged" / "target", draft_of=draft_ckpt, quiet=True).out,
+            export(draft_ckpt, tmp / "paged" / "draft", target_model=target_ckpt, quiet=True).out,
+        )
+        genai_dirs = (
+            export(target_ckpt, tmp / "genai" / "target", format="genai", quiet=True).out,
+            export(draft_ckpt, tmp / "genai" / "draft", target_model=target_ckpt, format="genai", quiet=True).out,
+        )
+        block = int(json.loads((draft_ckpt / "config.json").read_text())["block_size"])
+        modes = Modes(paged, genai_dirs, args.kv_cache_precision, args.new_tokens, block)
+        encode = modes.pipeline.encode
+        print(
+            f"demo pair, {args.new_tokens} new tokens per request (EOS ignored), f32 inference, "
+            f"{args.kv_cache_precision} KV cache on both sides, {args.rounds} rounds interleaved"
+        )
+        for n in args.concurrency:
+            prompts = [encode(p) for p in PROMPTS[:n]] if n > 1 else [encode(p) for p in PROMPTS[:4]]
+            runs = {"ovbuild alone": lambda: modes.ovbuild(prompts, False, n > 1)}
+            runs["ovbuild draft"] = lambda: modes.ovbuild(prompts, True, n > 1)
+            if n == 1:
+                runs["GenAI LLMPipeline"] = lambda: modes.genai_llm(prompts, False)
+                runs["GenAI DFlash"] = lambda: modes.genai_llm(prompts, True)
+            else:
+                runs["GenAI CB"] = lambda: modes.genai_cb(prompts)
+            for run in runs.values():  # warm-up: first-call allocations and shape compilations stay out
+                run()
+            seconds: dict[str, list[float]] = {name: [] for name in runs}
+            lengths: list = []
+            for _ in range(args.rounds):
+                reference = None
+                for name, run in runs.items():
+                    s, tokens = timed(run)
+                    seconds[name].append(s)
+                    if name == "ovbuild alone":
+                        reference = tokens
+                    elif tokens != reference:
+                        same = sum(a == b for a, b in zip(tokens, reference, strict=True))
+                        raise SystemExit(f"{name}: {same}/{len(tokens)} requests equal ovbuild's target alone")
+                    if name == "ovbuild draft":
+                        lengths.append(modes.last_metrics.requests.draft_length_histogram)
+            report(n, len(prompts), args.new_tokens, seconds)
+            print(f"    ovbuild draft lengths chosen (last round, decode steps drafting 0, 1, ...): {lengths[-1]}")
+
+
+def report(n: int, requests: int, new_tokens: int, seconds: dict[str, list[float]]) -> None:
+    """tokens/s per mode (median) and ratios taken within each round (median, min-max)."""
+    label = "one request at a time" if n == 1 else f"{n} requests at once"
+    tokens = requests * new_tokens
+    print(f"\n{label} ({requests} prompts):")
+    for name, values in seconds.items():
+        print(f"  {name:<20} {tokens / statistics.median(values):8.1f} tokens/s")
+    pairs = [("ovbuild draft", "ovbuild alone")]
+    pairs += [("ovbuild alone", "GenAI LLMPipeline"), ("ovbuild draft", "GenAI DFlash")] if n == 1 else []
+    pairs += [("ovbuild alone", "GenAI CB"), ("ovbuild draft", "GenAI CB")] if n > 1 else []
+    for a, b in pairs:
+        ratios = [tb / ta for ta, tb in zip(seconds[a], seconds[b], strict=True)]  # speed a / speed b
+        print(f"  {a} / {b}: {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+
+
+if __name__ == "__main__":
+    main()
