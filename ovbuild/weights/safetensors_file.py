@@ -22,6 +22,7 @@ from ovbuild.weights.dtypes import DTYPE_CODES, SAFETENSORS_DTYPES
 from ovbuild.weights.tensor import WeightTensor
 
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_ELEMENTS = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: in
         raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {_short(code)}")
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise CheckpointError(f"{path}: tensor '{name}' has shape {_short(shape)}: dims must be integers >= 0")
+    if math.prod(d for d in shape if d) > _MAX_ELEMENTS:  # even with a zero dim: numpy cannot shape it
+        raise CheckpointError(f"{path}: tensor '{name}' has shape {_short(shape)}: more elements than int64 counts")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
         raise CheckpointError(
             f"{path}: tensor '{name}' has data_offsets {_short(offsets)}: expected [begin, end], integers >= 0"
