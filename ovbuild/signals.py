@@ -55,4 +55,14 @@ def signals_deferred() -> Iterator[None]:
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
         if received:
-            signal.raise_signal(received[0])  # the restored handler decides: raise, ignore or die
+            deliver(received[0])
+
+
+def deliver(signum: int) -> None:
+    """Act on `signum` as its current handler would: a Python handler is called right here (raising, say,
+    KeyboardInterrupt), an ignored signal does nothing, and the default action is taken by the system."""
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
+    elif handler != signal.SIG_IGN:
+        signal.raise_signal(signum)

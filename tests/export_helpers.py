@@ -92,6 +92,7 @@ def start_paused(where: str, argv: list, go: Path, nth: int = 1, fallback: bool 
     child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     line = child.stdout.readline()
     if line != "paused\n":
+        child.kill()
         out, err = child.communicate(timeout=60)
         raise AssertionError(f"child did not reach {where}: exit {child.returncode}, {line + out!r}, {err!r}")
     return child
