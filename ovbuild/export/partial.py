@@ -13,6 +13,7 @@ be one whose owner is between creating and locking it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from ovbuild.export.renames import move_noreplace
 
 log = logging.getLogger(__name__)
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # a filesystem without flock (some FUSE mounts)
 _LOCK = re.compile(r"^\.(?P<out>.+)\.ovbuild-(?P<pid>\d+)-[0-9a-f]+\.lock$")
 
 
@@ -45,7 +47,12 @@ class PartialFolder:
         self.path = Path(f"{stem}.partial")
         self.aside = Path(f"{stem}.old")
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)  # waits only while a cleaner looks at our still empty lock file
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)  # waits only while a cleaner looks at our still empty lock file
+            except OSError as e:
+                if e.errno not in _NO_LOCKS:
+                    raise
+                # No locks on this filesystem: cleaners cannot take ours either, so they never remove our folder.
             os.write(self._fd, f"{os.getpid()}\n".encode())
             self.path.mkdir()
         except BaseException:
