@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from ovbuild import __version__
 from ovbuild.commands import COMMANDS
 from ovbuild.errors import OvbuildError
+from ovbuild.signals import Terminated, sigterm_raises
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,17 +27,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; errors ovbuild raises on purpose become one line on stderr, exit 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 0
+    """Entry point of the console script: errors ovbuild raises on purpose become one line on stderr and exit 2;
+    Ctrl-C exits 130 and SIGTERM 143, each with one line, after the command has cleaned up after itself."""
     try:
-        return args.run(args) or 0
+        with sigterm_raises():
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "run", None):
+                parser.print_help()
+                return 0
+            return args.run(args) or 0
     except OvbuildError as e:
-        print(f"ovbuild: error: {e}", file=sys.stderr)
+        print(f"ovbuild: error: {one_line(str(e))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ovbuild: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Terminated:
+        print("ovbuild: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+def one_line(message: str) -> str:
+    """A message as one line: names read from a file (tensor names, keys) may hold line breaks."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,56 @@ CASES = [
      "is a draft: --target-layer-ids and --draft-of are only for target exports"),
     ("--draft-of a draft that does not fit", lambda tmp, T, D: (target(tmp, **layers(8)), ["--draft-of", D]),
      "was trained on a target of 6 layers"),
+    # The files copied next to the IRs: checked before the build, so a runtime never meets a file it cannot read.
+    ("tokenizer.json of the wrong shape", lambda tmp, T, D: (write(target(tmp), "tokenizer.json", '{"model": 3}'), []),
+     "target/tokenizer.json: cannot be loaded as a tokenizer (data did not match any variant of untagged enum"),
+    ("tokenizer.json cut short", lambda tmp, T, D: (cut(target(tmp), "tokenizer.json"), []),
+     "target/tokenizer.json: cannot be loaded as a tokenizer (EOF while parsing"),
+    ("tokenizer.json that GenAI needs, unloadable",
+     lambda tmp, T, D: (write(target(tmp), "tokenizer.json", "[]"), ["--format", "genai"]),
+     "target/tokenizer.json: cannot be loaded as a tokenizer ("),
+    ("target without tokenizer.json", lambda tmp, T, D: (remove(target(tmp), "tokenizer.json"), []),
+     "target: no tokenizer.json (a target is exported with its tokenizer, which runtimes read)"),
+    ("tokenizer_config.json not an object", lambda tmp, T, D: (write(target(tmp), "tokenizer_config.json", "[1]"), []),
+     "target/tokenizer_config.json: expected a JSON object"),
+    ("tokenizer_config.json not JSON", lambda tmp, T, D: (write(target(tmp), "tokenizer_config.json", "{eos"), []),
+     "target/tokenizer_config.json: not valid JSON (Expecting property name enclosed in double quotes"),
+    ("tokenizer_config.json eos_token a list",
+     lambda tmp, T, D: (write(target(tmp), "tokenizer_config.json", '{"eos_token": [1]}'), []),
+     "target/tokenizer_config.json: key 'eos_token' must be a token string or {\"content\": string}, got [1]"),
+    ("tokenizer_config.json chat_template a number",
+     lambda tmp, T, D: (write(target(tmp), "tokenizer_config.json", '{"chat_template": 3}'), []),
+     "target/tokenizer_config.json: key 'chat_template' must be a string or a list of {name, template} objects"),
+    ("chat_template.jinja not UTF-8", lambda tmp, T, D: (write(target(tmp), "chat_template.jinja", b"\xff\xfe"), []),
+     "target/chat_template.jinja: not a UTF-8 text file"),
+    ("generation_config.json not JSON", lambda tmp, T, D: (write(target(tmp), "generation_config.json", "{,}"), []),
+     "target/generation_config.json: not valid JSON (Expecting property name enclosed in double quotes"),
+    ("generation_config.json not an object",
+     lambda tmp, T, D: (write(target(tmp), "generation_config.json", '"greedy"'), []),
+     "target/generation_config.json: expected a JSON object"),
+    ("generation_config.json eos_token_id a string",
+     lambda tmp, T, D: (write(target(tmp), "generation_config.json", '{"eos_token_id": "</s>"}'), []),
+     "target/generation_config.json: key 'eos_token_id' must be a list of integers, got '</s>'"),
+    ("a draft's generation_config.json not JSON",
+     lambda tmp, T, D: (write(draft(tmp), "generation_config.json", "nope"), with_target(T)),
+     "draft/generation_config.json: not valid JSON (Expecting value"),
 ]  # fmt: skip
+
+
+def write(folder, name, content):
+    path = folder / name
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    return folder
+
+
+def cut(folder, name):
+    text = (folder / name).read_text()
+    return write(folder, name, text[: len(text) // 2])
+
+
+def remove(folder, name):
+    (folder / name).unlink()
+    return folder
 
 
 def drop_shard(folder):

@@ -19,6 +19,7 @@ from ovbuild.export.ir_formats import IrFormat, ir_format
 from ovbuild.export.output_folder import OutputFolder
 from ovbuild.export.package import CONFIG_FILES, Package, provenance
 from ovbuild.export.progress import LayerProgress, hub_progress, on_terminal
+from ovbuild.export.source_files import check_copied_files, check_target_tokenizer
 from ovbuild.export.streaming import PageDropper, StreamingSource
 from ovbuild.export.weight_formats import default_weight_format, make_policy
 from ovbuild.graph.weights import WeightPolicy
@@ -112,6 +113,8 @@ def export_target(
     """The target IR with its taps, configs and tokenizer, written into the partial folder."""
     cfg, weights = load_target(job.ckpt)
     taps = target_taps(cfg, job.ckpt.source, target_layer_ids, draft_of, cache_dir)
+    check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
+    check_target_tokenizer(job.ckpt)
     policy = job.policy("target")
     log.info("exporting target %s (%s weights, taps %s)", job.ckpt.source, policy.weight_format, list(taps))
     build = job.format.target
@@ -119,7 +122,7 @@ def export_target(
         f"target {cfg.architecture}", cfg.num_layers, [weights], job.show, lambda w: build(cfg, w, taps, policy)
     )
     job.package.save_models(models, provenance(job.ckpt, policy, job.format_name))
-    job.package.copy_files(job.ckpt.folder, (*CONFIG_FILES, *TOKENIZER_FILES))
+    job.package.copy_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     job.package.write_generation_config(cfg.eos_token_ids)
     job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
     return policy
@@ -130,6 +133,7 @@ def export_draft(
 ) -> tuple[str, WeightPolicy]:
     """Every IR of the draft and its configs, written into the partial folder; returns its family and policy."""
     cfg, weights = load_draft(job.ckpt)
+    check_copied_files(job.ckpt, CONFIG_FILES)
     target = open_target(job.ckpt, cfg, weights, target_model, cache_dir, job.format.draft_embeds_target)
     if target is not None:
         output.refuse_overlap(target.checkpoint.folder, "target checkpoint")
@@ -141,7 +145,7 @@ def export_draft(
     )
     target_ckpt = target.checkpoint if target is not None else None
     job.package.save_models(models, provenance(job.ckpt, policy, job.format_name, target_ckpt))
-    job.package.copy_files(job.ckpt.folder, CONFIG_FILES)
+    job.package.copy_files(job.ckpt, CONFIG_FILES)
     return cfg.family, policy
 
 

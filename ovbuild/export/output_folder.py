@@ -1,19 +1,22 @@
 """An export's OUT folder: written as a hidden sibling and moved into place only when complete.
 
-On failure the partial folder (and any parent folder created for it) is removed and an existing OUT is untouched;
-with overwrite, the old OUT is renamed aside, the new one renamed in, and the old one deleted last, so a failure at
-any step leaves either the old or the new folder at OUT.
+Nothing at OUT is ever lost or clobbered. On failure or interrupt the partial folder (and any parent folder created
+for it) is removed and OUT is untouched. Without overwrite, the move into place cannot replace anything: an OUT
+that appeared while the export ran (another export, a user's folder) stays, and this export fails. With overwrite,
+the new folder and the old OUT swap places in one step, so an interrupt at any moment leaves one of the two at OUT.
+The steps that must not be cut in half hold Ctrl-C and SIGTERM back until they are done; after a SIGKILL, the next
+export into the same parent folder removes what is left (see partial.py).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from ovbuild.errors import ExportError
+from ovbuild.export.partial import PartialFolder, remove_stale
+from ovbuild.export.renames import exchange, move_noreplace
 from ovbuild.graph.ir import MODEL_FILE
+from ovbuild.signals import signals_deferred
 
 
 class OutputFolder:
@@ -22,29 +25,32 @@ class OutputFolder:
     def __init__(self, out: str | Path, overwrite: bool = False):
         self.out = Path(out).expanduser().absolute()
         self.overwrite = overwrite
-        self.tmp: Path | None = None
+        self.partial: PartialFolder | None = None
         self._created: list[Path] = []  # parent folders this export made, removed again on failure
         self._check_out()
 
     def __enter__(self) -> Path:
-        self._make_parents()
-        try:
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial", dir=self.out.parent))
-            self.tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; OUT gets the usual permissions
-        except OSError as e:
-            self._remove_parents()
-            raise ExportError(f"{self.out}: cannot write here ({e.strerror or e})") from e
-        return self.tmp
+        if self.out.parent.is_dir():
+            remove_stale(self.out.parent)
+        with signals_deferred():
+            self._make_parents()
+            try:
+                self.partial = PartialFolder(self.out)
+            except OSError as e:
+                self._remove_parents()
+                raise ExportError(f"{self.out}: cannot write here ({e.strerror or e})") from e
+        return self.partial.path
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            try:
-                self._commit()
-                return
-            except BaseException:
-                self._discard()
-                raise
-        self._discard()
+        with signals_deferred():
+            if exc_type is None:
+                try:
+                    self._commit()
+                    return
+                except BaseException:
+                    self._discard()
+                    raise
+            self._discard()
 
     def refuse_overlap(self, source: Path, what: str) -> None:
         """A checkpoint folder at or inside OUT would be deleted when OUT is replaced: refuse that."""
@@ -53,8 +59,11 @@ class OutputFolder:
         if source == out or out in source.parents:
             raise ExportError(f"{self.out}: would replace the {what} it is exported from ({source})")
 
+    def _occupied(self) -> bool:
+        return self.out.exists() or self.out.is_symlink()
+
     def _check_out(self) -> None:
-        if not self.out.exists() and not self.out.is_symlink():
+        if not self._occupied():
             return
         if not self.overwrite:
             raise ExportError(f"{self.out}: already exists (pass --overwrite to replace it)")
@@ -68,31 +77,35 @@ class OutputFolder:
         for folder in reversed(missing):
             try:
                 folder.mkdir()
+            except FileExistsError:
+                continue  # another export made it meanwhile: theirs to keep
             except OSError as e:
                 self._remove_parents()
                 raise ExportError(f"{self.out}: cannot create folder {folder} ({e.strerror or e})") from e
             self._created.append(folder)
 
     def _commit(self) -> None:
-        old = None
+        tmp = self.partial.path
         try:
-            if self.out.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".old", dir=self.out.parent))
-                old.rmdir()  # only the unique name is wanted: rename needs the destination absent
-                os.rename(self.out, old)
-            os.rename(self.tmp, self.out)
+            if self.overwrite and self._occupied():
+                self._check_out()  # what is there now may not be what was checked when the export started
+                exchange(tmp, self.out, self.partial.aside)  # the old OUT is now at tmp, removed below
+            else:
+                move_noreplace(tmp, self.out)
+        except FileExistsError as e:
+            raise ExportError(
+                f"{self.out}: already exists (it appeared while this export ran and was left as it is; "
+                "pass --overwrite to replace it)"
+            ) from e
         except OSError as e:
-            if old is not None and old.exists() and not self.out.exists():
-                os.rename(old, self.out)
             raise ExportError(f"{self.out}: cannot move the finished export into place ({e.strerror or e})") from e
-        self.tmp = None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        self._created = []
+        self._discard()
 
     def _discard(self) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
+        if self.partial is not None:
+            self.partial.remove()
+            self.partial = None
         self._remove_parents()
 
     def _remove_parents(self) -> None:
@@ -102,9 +115,3 @@ class OutputFolder:
             except OSError:
                 break
         self._created = []
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import logging
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import openvino as ov
@@ -21,6 +25,7 @@ from ovbuild.weights.checkpoint import Checkpoint
 log = logging.getLogger(__name__)
 CONFIG_FILES = ("config.json", "generation_config.json")
 TOKENIZER_IRS = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
+FREE_MARGIN = 1 << 20  # bytes: a write that fails with less than this left beyond the file's size ran out of space
 
 
 def provenance(
@@ -60,25 +65,23 @@ class Package:
             set_rt_info(model, {k: v for k, v in rt_info.items() if not model.has_rt_info(k.split("/"))})
             name = f"{stem}.xml"
             log.info("writing %s", name)
-            try:
+            with self.writing(name, weight_bytes(model)):
                 save_ir(model, self.tmp / name)
-            except (OSError, RuntimeError) as e:
-                raise self.write_error(name, e) from e
 
-    def copy_files(self, source: Path, names: tuple[str, ...]) -> None:
-        """Copy whichever of `names` exist in `source`."""
+    def copy_files(self, ckpt: Checkpoint, names: tuple[str, ...]) -> None:
+        """Copy whichever of `names` the checkpoint has (symlinks leading outside it are refused, not followed)."""
         for name in names:
-            if (source / name).is_file():
-                try:
-                    shutil.copyfile(source / name, self.tmp / name)
-                except OSError as e:
-                    raise self.write_error(name, e) from e
+            source = ckpt.own_file(name)
+            if source is not None:
+                with self.writing(name, source.stat().st_size):
+                    shutil.copyfile(source, self.tmp / name)
 
     def write_generation_config(self, eos_token_ids: tuple[int, ...]) -> None:
         """A generation_config.json with the config's eos ids when the checkpoint has none (runtimes stop on them)."""
         if not (self.tmp / "generation_config.json").exists() and eos_token_ids:
-            config = {"eos_token_id": list(eos_token_ids), "do_sample": False}
-            (self.tmp / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
+            text = json.dumps({"eos_token_id": list(eos_token_ids), "do_sample": False}, indent=2) + "\n"
+            with self.writing("generation_config.json", len(text)):
+                (self.tmp / "generation_config.json").write_text(text)
 
     def convert_tokenizer(self, source: Path, required: bool) -> None:
         """openvino_tokenizer.xml / openvino_detokenizer.xml from `source`'s tokenizer.json, with openvino-tokenizers
@@ -103,11 +106,33 @@ class Package:
             log.warning("tokenizer not converted to OpenVINO (%s): no %s written", e, " / ".join(TOKENIZER_IRS))
             return
         for name, model in zip(TOKENIZER_IRS, models, strict=True):
-            try:
+            with self.writing(name, weight_bytes(model)):
                 ov.save_model(model, str(self.tmp / name))
-            except (OSError, RuntimeError) as e:
-                raise self.write_error(name, e) from e
 
-    def write_error(self, name: str, e: Exception) -> ExportError:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
-        return ExportError(f"{self.out / name}: cannot be written ({reason})")
+    @contextmanager
+    def writing(self, name: str, size: int) -> Iterator[None]:
+        """Turn a failure to write file `name` (about `size` bytes) into an ExportError naming it and the cause."""
+        try:
+            yield
+        except (OSError, RuntimeError) as e:
+            raise ExportError(f"{self.out / name}: cannot be written ({self.write_failure(e, size)})") from e
+
+    def write_failure(self, e: OSError | RuntimeError, size: int) -> str:
+        """Why a write failed. OpenVINO reports a full disk as `basic_ios::clear: iostream error`, without errno,
+        and may delete what it wrote: the free space left, less than the file needs, tells a full disk apart."""
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return os.strerror(e.errno)
+        if isinstance(e, RuntimeError):
+            try:
+                if shutil.disk_usage(self.tmp).free < size + FREE_MARGIN:
+                    return os.strerror(errno.ENOSPC)
+            except OSError:
+                pass
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror
+        return (str(e).strip().splitlines() or [type(e).__name__])[-1]
+
+
+def weight_bytes(model: ov.Model) -> int:
+    """The size of a model's constants: about the size of its .bin."""
+    return sum(op.get_byte_size() for op in model.get_ops() if op.get_type_name() == "Constant")

@@ -101,11 +101,14 @@ def _pipeline_module():
 
 def _read(path: Path) -> dict:
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ExportError(f"{path}: no tokenizer.json (GenAI needs the tokenizer IRs built from it)") from e
-    except json.JSONDecodeError as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSON, huge integers
         raise ExportError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a JSON object")
+    return data
 
 
 def _listed(entry: dict | None, key: str) -> list[dict]:
@@ -190,7 +193,8 @@ def _token_id(spec: dict, token) -> int | None:
     for added in spec.get("added_tokens", []):
         if added["content"] == token:
             return added["id"]
-    return spec.get("model", {}).get("vocab", {}).get(token)
+    vocab = spec.get("model", {}).get("vocab")
+    return vocab.get(token) if isinstance(vocab, dict) else None  # a Unigram vocab is a list: not looked up
 
 
 def _first(value) -> int | None:

@@ -35,8 +35,9 @@ class Checkpoint:
         self.folder = Path(folder)
         self.source = source or str(self.folder)
         self.revision = revision
+        self.root = _trusted_root(self.folder)
         self.config_path = self.folder / "config.json"
-        self.config = read_json(self.config_path)
+        self.config = read_json(self.own_file("config.json") or self.config_path)
         self._files: dict[Path, SafetensorsFile] = {}
         self._where = self._map_tensors()
 
@@ -77,14 +78,31 @@ class Checkpoint:
         if path in self._files:
             self._files[path].release(name)
 
+    def own_file(self, name: str) -> Path | None:
+        """`name` in the folder if it exists; a symlink leading outside the checkpoint raises CheckpointError (its
+        target may be anything on this machine: nothing from there is read, nor copied into an export)."""
+        path = self.folder / name
+        if not path.exists() and not path.is_symlink():
+            return None
+        try:
+            resolved = path.resolve(strict=True)
+        except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (before Python 3.13)
+            raise CheckpointError(f"{path}: a broken symlink ({e})") from e
+        if not resolved.is_relative_to(self.root):
+            raise CheckpointError(f"{path}: a symlink leading outside the checkpoint folder (to {resolved})")
+        if not resolved.is_file():
+            raise CheckpointError(f"{path}: not a regular file")
+        return path
+
     def _map_tensors(self) -> dict[str, Path]:
-        index = self.folder / INDEX_FILE
-        if index.exists():
-            return _map_sharded(index)
+        index = self.own_file(INDEX_FILE)
+        if index is not None:
+            return self._map_sharded(index)
+        single = self.own_file(SINGLE_FILE)
         files = (
-            [self.folder / SINGLE_FILE]
-            if (self.folder / SINGLE_FILE).exists()
-            else sorted(self.folder.glob("*.safetensors"))
+            [single]
+            if single is not None
+            else [self.own_file(p.name) for p in sorted(self.folder.glob("*.safetensors"))]
         )
         if not files:
             pickles = sorted(p.name for p in self.folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -102,30 +120,54 @@ class Checkpoint:
                 where[name] = path
         return where
 
+    def _map_sharded(self, index: Path) -> dict[str, Path]:
+        """Read the shard index and check every shard against it, both ways."""
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: missing or empty 'weight_map'")
+        for name, shard_name in weight_map.items():
+            if not isinstance(shard_name, str) or not _plain_name(shard_name):
+                raise CheckpointError(
+                    f"{index}: tensor '{name}' is mapped to {_short(shard_name)}, which is not a file name in the "
+                    "checkpoint folder"
+                )
+        where: dict[str, Path] = {}
+        for shard_name in sorted(set(weight_map.values())):
+            shard = self.own_file(shard_name)
+            if shard is None:
+                raise CheckpointError(f"{index}: shard '{shard_name}' listed in the index is missing")
+            listed = {n for n, s in weight_map.items() if s == shard_name}
+            present = set(SafetensorsFile(shard).tensors)
+            if listed - present:
+                raise CheckpointError(
+                    f"{shard}: tensor '{sorted(listed - present)[0]}' is listed in {index.name} "
+                    "but not stored in this shard"
+                )
+            if present - listed:
+                raise CheckpointError(
+                    f"{shard}: tensor '{sorted(present - listed)[0]}' is stored but not listed in {index.name}"
+                )
+            where.update(dict.fromkeys(listed, shard))
+        return where
 
-def _map_sharded(index: Path) -> dict[str, Path]:
-    """Read the shard index and check every shard against it, both ways."""
-    weight_map = read_json(index).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index}: missing or empty 'weight_map'")
-    where: dict[str, Path] = {}
-    for shard_name in sorted(set(weight_map.values())):
-        shard = index.parent / shard_name
-        if not shard.exists():
-            raise CheckpointError(f"{index}: shard '{shard_name}' listed in the index is missing")
-        listed = {n for n, s in weight_map.items() if s == shard_name}
-        present = set(SafetensorsFile(shard).tensors)
-        if listed - present:
-            raise CheckpointError(
-                f"{shard}: tensor '{sorted(listed - present)[0]}' is listed in {index.name} "
-                "but not stored in this shard"
-            )
-        if present - listed:
-            raise CheckpointError(
-                f"{shard}: tensor '{sorted(present - listed)[0]}' is stored but not listed in {index.name}"
-            )
-        where.update(dict.fromkeys(listed, shard))
-    return where
+
+def _trusted_root(folder: Path) -> Path:
+    """What symlinks in a checkpoint folder may lead into: the folder itself, or for a snapshot of the Hugging Face
+    cache the repo's cache folder (snapshot files are symlinks into its blobs/)."""
+    folder = folder.resolve()
+    if folder.parent.name == "snapshots" and (folder.parent.parent / "blobs").is_dir():
+        return folder.parent.parent
+    return folder
+
+
+def _plain_name(name: str) -> bool:
+    """A file name without folders: no '/', no '..', not absolute (on any system)."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0") and Path(name).name == name
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_json(path: Path) -> dict:
@@ -134,7 +176,7 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path}: file not found")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSON, huge integers
         raise ConfigError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")

@@ -6,8 +6,11 @@ We parse it ourselves because numpy has no bf16 and we want one tensor at a time
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import mmap
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,7 @@ from ovbuild.weights.dtypes import DTYPE_CODES, SAFETENSORS_DTYPES
 from ovbuild.weights.tensor import WeightTensor
 
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_ELEMENTS = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class SafetensorsFile:
             with open(self.path, "rb") as f:
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         np_dtype = SAFETENSORS_DTYPES[DTYPE_CODES[info.dtype]][1]
-        count = int(np.prod(info.shape, dtype=np.int64))
+        count = math.prod(info.shape)
         array = np.frombuffer(self._mmap, dtype=np_dtype, count=count, offset=info.begin).reshape(info.shape)
         return WeightTensor(name, info.dtype, array)
 
@@ -67,7 +71,10 @@ class SafetensorsFile:
 
 def _read_header(path: Path) -> dict[str, TensorInfo]:
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        size = info.st_size
         with open(path, "rb") as f:
             raw_len = f.read(8)
             if len(raw_len) < 8:
@@ -79,8 +86,8 @@ def _read_header(path: Path) -> dict[str, TensorInfo]:
                     f"in a {size}-byte file)"
                 )
             header = json.loads(f.read(header_len))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSON, huge integers
+        raise CheckpointError(f"{path}: not a readable safetensors file ({_reason(e)})") from e
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: safetensors header is not a JSON object")
     data_start = 8 + header_len
@@ -89,27 +96,58 @@ def _read_header(path: Path) -> dict[str, TensorInfo]:
         if name == "__metadata__":
             continue
         tensors[name] = _tensor_info(path, name, entry, data_start, size)
+    _check_disjoint(path, tensors.values())
     return tensors
 
 
-def _tensor_info(path: Path, name: str, entry: dict, data_start: int, size: int) -> TensorInfo:
-    try:
-        code, shape, (begin, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: malformed header entry for tensor '{name}'") from e
-    if code not in SAFETENSORS_DTYPES:
-        raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {code}")
-    itemsize = SAFETENSORS_DTYPES[code][1].itemsize
-    if end - begin != int(np.prod(shape, dtype=np.int64)) * itemsize or begin < 0:
+def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: int) -> TensorInfo:
+    """One header entry, checked: a known dtype, non-negative integer dims and offsets that match them."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise CheckpointError(f"{path}: malformed header entry for tensor '{name}' (needs dtype, shape, data_offsets)")
+    code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(code, str) or code not in SAFETENSORS_DTYPES:
+        raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {_short(code)}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise CheckpointError(f"{path}: tensor '{name}' has shape {_short(shape)}: dims must be integers >= 0")
+    if math.prod(d for d in shape if d) > _MAX_ELEMENTS:  # even with a zero dim: numpy cannot shape it
+        raise CheckpointError(f"{path}: tensor '{name}' has shape {_short(shape)}: more elements than int64 counts")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
         raise CheckpointError(
-            f"{path}: tensor '{name}' offsets [{begin}, {end}) do not match shape {list(shape)} of {code}"
+            f"{path}: tensor '{name}' has data_offsets {_short(offsets)}: expected [begin, end], integers >= 0"
         )
+    begin, end = offsets
+    # Python integers: a product of dims that overflows int64 stays exact and simply does not match.
+    nbytes = math.prod(shape) * SAFETENSORS_DTYPES[code][1].itemsize
+    if end - begin != nbytes:
+        raise CheckpointError(f"{path}: tensor '{name}' offsets [{begin}, {end}) do not match shape {shape} of {code}")
     if data_start + end > size:
         raise CheckpointError(
             f"{path}: truncated safetensors file: tensor '{name}' needs bytes up to "
             f"{data_start + end} but the file has {size}"
         )
-    return TensorInfo(name, SAFETENSORS_DTYPES[code][0], shape, data_start + begin, data_start + end)
+    return TensorInfo(name, SAFETENSORS_DTYPES[code][0], tuple(shape), data_start + begin, data_start + end)
+
+
+def _check_disjoint(path: Path, tensors) -> None:
+    """No two tensors share bytes (writing one in place would change the other; a crafted file may alias)."""
+    ranges = sorted((t.begin, t.end, t.name) for t in tensors if t.end > t.begin)
+    for (_, end, first), (begin, _, second) in itertools.pairwise(ranges):
+        if begin < end:
+            raise CheckpointError(f"{path}: tensors '{first}' and '{second}' overlap in the data section")
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0  # not bool, not float
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _reason(e: Exception) -> str:
+    text = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, WeightTensor], metadata: dict[str, str] | None = None):
