@@ -92,6 +92,19 @@ class Modes:
         self.draft_config.num_assistant_tokens = block - 1  # the trained block (GenAI's default is 5)
         self.last_metrics = None
 
+    def runs(self, prompts: list[list[int]], concurrent: bool) -> dict:
+        """The modes to compare for these prompts, by name: one request at a time or all at once."""
+        runs = {
+            "ovbuild alone": lambda: self.ovbuild(prompts, False, concurrent),
+            "ovbuild draft": lambda: self.ovbuild(prompts, True, concurrent),
+        }
+        if concurrent:
+            runs["GenAI CB"] = lambda: self.genai_cb(prompts)
+        else:
+            runs["GenAI LLMPipeline"] = lambda: self.genai_llm(prompts, False)
+            runs["GenAI DFlash"] = lambda: self.genai_llm(prompts, True)
+        return runs
+
     def ovbuild(self, prompts: list[list[int]], use_draft: bool, concurrent: bool) -> list[list[int]]:
         batches = [prompts] if concurrent else [[p] for p in prompts]
         out = []
@@ -147,13 +160,7 @@ def main() -> None:
         )
         for n in args.concurrency:
             prompts = [encode(p) for p in PROMPTS[:n]] if n > 1 else [encode(p) for p in PROMPTS[:4]]
-            runs = {"ovbuild alone": lambda: modes.ovbuild(prompts, False, n > 1)}
-            runs["ovbuild draft"] = lambda: modes.ovbuild(prompts, True, n > 1)
-            if n == 1:
-                runs["GenAI LLMPipeline"] = lambda: modes.genai_llm(prompts, False)
-                runs["GenAI DFlash"] = lambda: modes.genai_llm(prompts, True)
-            else:
-                runs["GenAI CB"] = lambda: modes.genai_cb(prompts)
+            runs = modes.runs(prompts, concurrent=n > 1)
             for run in runs.values():  # warm-up: first-call allocations and shape compilations stay out
                 run()
             seconds: dict[str, list[float]] = {name: [] for name in runs}
