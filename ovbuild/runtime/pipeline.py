@@ -22,6 +22,7 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.prompts import prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
 
 
@@ -85,12 +86,23 @@ class Pipeline:
         t = o.target
         self.target = PagedModel(model, o.device, t.kv_cache_precision, t.inference_precision, cache_mb=t.cache_mb)
         self.drafter = load_drafter(draft_dir, o, draft_model) if draft_dir is not None else None
+        # one planner for every scheduler of this pipeline: call costs are measured once and keep improving, and the
+        # run-wide acceptance carries over from one generate call to the next
+        self.speculation = (
+            Speculation(self.drafter.max_candidates, self.drafter.candidate_offset) if self.drafter else None
+        )
 
     def scheduler(self, trace: bool = False, use_draft: bool = True) -> Scheduler:
         """A fresh scheduler over this pipeline's compiled models and caches (`use_draft=False`: the target alone)."""
         drafter = self.drafter if use_draft else None
         return Scheduler(
-            self.target, drafter, self.options.max_num_batched_tokens, self.decode, trace, self.max_model_len
+            self.target,
+            drafter,
+            self.options.max_num_batched_tokens,
+            self.decode,
+            trace,
+            self.max_model_len,
+            self.speculation if use_draft else None,
         )
 
     def encode(self, text: str, what: str = "prompt") -> list[int]:

@@ -64,10 +64,22 @@ class Request:
     text: str = ""
     target_len: int = 0  # tokens committed to the target cache (the anchor is not among them)
     pending_taps: list[np.ndarray] = field(default_factory=list)  # target taps the draft has not seen yet
+    pending_rows: int = 0  # rows in pending_taps
     proposal: list[int] = field(default_factory=list)  # draft tokens to verify in the next target call
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     acceptance: AcceptanceStats | None = None  # per-position acceptance, for the draft-length plan
     trace: list[dict] = field(default_factory=list)
+
+    def add_taps(self, taps: np.ndarray) -> None:
+        """Keep a copy of target taps for the draft (the target's output tensor is overwritten by its next call)."""
+        self.pending_taps.append(taps.copy())
+        self.pending_rows += len(taps)
+
+    def take_taps(self) -> np.ndarray | None:
+        """All pending taps as one [rows, width] array (None if there are none), now handed to the draft."""
+        taps = np.concatenate(self.pending_taps) if self.pending_taps else None
+        self.pending_taps, self.pending_rows = [], 0
+        return taps
 
     @property
     def anchor(self) -> int:

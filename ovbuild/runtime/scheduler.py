@@ -220,7 +220,7 @@ class Scheduler:
     def _prefilled(self, request: Request, chunk: list[int], taps, greedy: np.ndarray, logits: np.ndarray) -> None:
         request.target_len += len(chunk)
         if taps is not None:
-            request.pending_taps.append(taps.copy())
+            request.add_taps(taps)
         if request.target_len == len(request.prompt):
             request.status = Status.DECODE
             request.metrics.first_token_time = time.perf_counter()
@@ -247,7 +247,7 @@ class Scheduler:
         if self.speculation is not None:
             self.speculation.record(request.acceptance, len(proposal), accepted)
         if taps is not None:
-            request.pending_taps.append(taps[: accepted + 1].copy())
+            request.add_taps(taps[: accepted + 1])
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         request.proposal = []
         self._commit(request, committed)
@@ -285,13 +285,12 @@ class Scheduler:
     def _draft_step(self) -> None:
         live = [r for r in self.running if r.status is not Status.FINISHED]
         lengths = self._draft_lengths([r for r in live if r.status is Status.DECODE])
-        flush = any(sum(len(t) for t in r.pending_taps) > FLUSH_ROWS for r in live)
+        flush = any(r.pending_rows > FLUSH_ROWS for r in live)
         if not any(lengths.values()) and not flush:
             return  # nobody drafts: no draft call, the taps wait for the next one
         items, owners = [], []
         for request in live:
-            context = np.concatenate(request.pending_taps) if request.pending_taps else None
-            request.pending_taps = []
+            context = request.take_taps()
             k = lengths.get(request.id, 0)
             anchor = request.anchor if k > 0 else None
             if context is None and anchor is None:
@@ -324,8 +323,8 @@ class Scheduler:
             pinned_rows = sum(k for k in lengths.values())
             fixed_target = len(decoding) + pinned_rows + self._prefill_rows()
             fixed_draft = sum(self._block_rows(k) for k in lengths.values() if k)
-            context = sum(len(t) for r in self.running for t in r.pending_taps)
-            force = any(sum(len(t) for t in r.pending_taps) > FLUSH_ROWS for r in self.running)
+            context = sum(r.pending_rows for r in self.running)
+            force = any(r.pending_rows > FLUSH_ROWS for r in self.running)
             chosen = self.speculation.plan(
                 [(r.acceptance, longest) for r, longest in free], fixed_target, fixed_draft, context, force
             )

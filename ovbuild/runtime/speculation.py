@@ -39,6 +39,7 @@ class CallCost:
     extrapolated linearly beyond the last."""
 
     def __init__(self, smoothing: float = 0.2):
+        """smoothing: the weight of a new call in its bucket's average (0 = keep the first time seen)."""
         self.smoothing = smoothing
         self.rows = np.zeros(len(BUCKETS))  # averaged rows of the calls in each bucket
         self.seconds = np.zeros(len(BUCKETS))
@@ -131,11 +132,12 @@ class Speculation:
             stats.record(proposed, accepted, DECAY)
             self.run.record(proposed, accepted, 1.0)
 
-    def survival(self, stats: AcceptanceStats) -> np.ndarray:
-        """s [max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, for this request."""
+    def survival(self, stats: list[AcceptanceStats]) -> np.ndarray:
+        """s [requests, max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request."""
         run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.run.reached + PRIOR_WEIGHT)
-        own = (stats.accepted + REQUEST_WEIGHT * run) / (stats.reached + REQUEST_WEIGHT)
-        return np.cumprod(own)
+        accepted = np.stack([s.accepted for s in stats])  # [requests, positions]
+        reached = np.stack([s.reached for s in stats])
+        return np.cumprod((accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT), axis=1)
 
     def plan(
         self,
@@ -151,16 +153,13 @@ class Speculation:
         fixed_target_rows: rows the next target call runs whatever we choose (pinned requests, prompt chunks, one
         anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
         rows of every request (any draft call carries them); force_draft: a draft call happens anyway."""
-        plan = [0] * len(free)
-        gains, owners, firsts = [], [], []
-        for i, (stats, longest) in enumerate(free):
-            if longest > 0:
-                gains.append(self.survival(stats)[:longest])
-                owners.append(np.full(longest, i))
-                firsts.append(np.arange(longest) == 0)
-        if not gains:
-            return plan
-        gain, owner, first = np.concatenate(gains), np.concatenate(owners), np.concatenate(firsts)
+        longest = np.array([k for _, k in free])
+        if not free or longest.max() <= 0:
+            return [0] * len(free)  # nothing to choose: nobody may draft
+        allowed = np.arange(self.max_candidates) < longest[:, None]  # [requests, positions]
+        gain = self.survival([s for s, _ in free])[allowed]  # every proposal that may be taken, request-major
+        owner = np.nonzero(allowed)[0]
+        first = np.nonzero(allowed)[1] == 0
         order = np.argsort(-gain, kind="stable")  # ties keep each request's positions in order
         gain, owner, first = gain[order], owner[order], first[order]
         taken = np.arange(len(gain) + 1)  # plans: the first m proposals of that order, m = 0..M
@@ -171,9 +170,7 @@ class Speculation:
         drafting = (taken > 0) | force_draft | (fixed_draft_rows > 0)
         seconds = self.target_cost(target_rows) + np.where(drafting, self.draft_cost(draft_rows), 0.0) + self.host_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-9)))
-        for i in owner[:best]:
-            plan[i] += 1
-        return plan
+        return np.bincount(owner[:best], minlength=len(free)).tolist()
 
 
 def timed(call: Callable[[], object]) -> float:

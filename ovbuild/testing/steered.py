@@ -38,10 +38,14 @@ class SteeredDrafter(Drafter):
     """Wraps `inner`; proposes `truths[seq_id]` (prompt + the target alone's tokens) from the anchor on, with one
     token changed at a position drawn uniformly from 0..k per step (k = all correct)."""
 
-    def __init__(self, inner: Drafter, vocab_size: int, seed: int = 0, wrong_rate: float = 1.0):
+    def __init__(
+        self, inner: Drafter, vocab_size: int, seed: int = 0, wrong_rate: float = 1.0, wrong_at: int | None = None
+    ):
         self.inner, self.vocab_size = inner, vocab_size
         self.rng = np.random.default_rng(seed)
         self.wrong_rate = wrong_rate  # chance that a step holds a wrong token at all
+        self.wrong_at = wrong_at  # the wrong token's position in every step, instead of a random one
+        self.calls = 0  # draft calls made
         self.truths: dict[int, list[int]] = {}  # filled by the test as it adds requests
         self.seen: dict[int, int] = {}  # context rows handed to the draft per sequence = tokens in the target cache
         self.log = SteeringLog()
@@ -58,6 +62,7 @@ class SteeredDrafter(Drafter):
         return self.inner.infer_s
 
     def propose(self, items: list[DraftItem]) -> list[list[int]]:
+        self.calls += 1
         real = self.inner.propose(items)
         proposals = []
         for item, own in zip(items, real, strict=True):
@@ -84,6 +89,7 @@ class SteeredDrafter(Drafter):
         known = len(proposal)  # positions past the target's last token are unknown: filled, never counted
         proposal += [0] * (k - known)
         wrong = int(self.rng.integers(0, k + 1)) if self.rng.random() < self.wrong_rate else k
+        wrong = wrong if self.wrong_at is None else min(self.wrong_at, k)
         if wrong < k:
             proposal[wrong] = (proposal[wrong] + 1 + int(self.rng.integers(0, self.vocab_size - 1))) % self.vocab_size
         if wrong <= known:
