@@ -79,8 +79,8 @@ def test_error_inside_a_model_call_leaks_nothing(pipeline, expected, model, monk
         return out
 
     monkeypatch.setattr(paged, "run", run)
-    with pytest.raises(Boom):
-        pipeline.generate(PROMPTS, 12)
+    with pytest.raises(Boom):  # draft length pinned: the adaptive choice soon stops calling the tiny random draft
+        pipeline.generate(PROMPTS, 12, num_assistant_tokens=3)
     monkeypatch.undo()
     assert_nothing_held(pipeline)
     assert [r.generated for r in pipeline.generate(PROMPTS, 12)[0]] == expected
