@@ -30,3 +30,31 @@ def shift_rows(x: Output, offset: int, path: str) -> Output:
     rank = x.get_partial_shape().rank.get_length()
     padded = ops.pad(x, i64([offset] + [0] * (rank - 1)), i64([0] * rank), "constant")  # [N + offset, ...]
     return named(ops.slice(padded, i64([0]), i64([-offset]), i64([1]), i64([0])), path)  # [N, ...]
+
+
+def window_band(begins: Output, window: int, path: str) -> tuple[Output, Output]:
+    """PagedAttention's query-to-query mask (qq_bias) keeping |i - j| < window between the new rows of each sequence.
+
+    begins [S+1] i32 (`subsequence_begins`) -> bias [sum n_s^2] u8, each sequence's n_s x n_s mask row-major one after
+    the other, and bias_begins [S+1] i32, its prefix sums. A sequence's new rows hold consecutive positions, so row
+    distance is position distance. Every element finds its sequence by a sorted search: no [rows, rows] intermediate.
+
+        begins ─ counts n_s ─ n_s^2 ─ cumsum ─ bias_begins
+        range(sum n_s^2) ─ sequence ─ local index ─ (row, column) = divmod(local, n_s) ─ |row - column| < window
+    """
+    counts = ops.subtract(
+        ops.slice(begins, i32([1]), i32([np.iinfo(np.int32).max]), i32([1])),
+        ops.slice(begins, i32([0]), i32([-1]), i32([1])),
+    )  # [S]
+    squares = ops.multiply(counts, counts)  # [S]
+    ends = ops.cumsum(squares, i32(0))  # [S]: where each sequence's mask ends
+    bias_begins = named(ops.concat([i32([0]), ends], 0), f"{path}/begins")  # [S+1]
+    total = ops.reduce_sum(squares, i32(0), False)  # []
+    flat = ops.range(i32(0), total, i32(1), ov.Type.i32)  # [L]
+    sequence = ops.search_sorted(ends, flat, right_mode=True)  # [L] i64: masks ending at or before the element
+    local = ops.subtract(flat, ops.gather(bias_begins, sequence, i64(0)))  # [L]
+    n = ops.gather(counts, sequence, i64(0))  # [L]
+    row = ops.divide(local, n)  # [L]: integer division of non-negative values
+    column = ops.subtract(local, ops.multiply(row, n))  # [L]
+    inside = ops.less(ops.abs(ops.subtract(row, column)), i32(window))  # [L]
+    return named(ops.convert(inside, ov.Type.u8), path), bias_begins
