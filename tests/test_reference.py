@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ovbuild.runtime.reference import dflash as reference_dflash
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
-from ovbuild.testing import nmse
+from ovbuild.testing import nmse, write_tiny_dflash
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
@@ -93,3 +94,32 @@ def test_bf16_checkpoint_matches_f32_within_bf16_rounding(tiny_target, tiny_targ
     # bf16 keeps 8 mantissa bits: relative weight error ~2^-9, so the output NMSE sits near 1e-5
     assert 0 < nmse(t16, t32) < 1e-3, nmse(t16, t32)
     assert 0 < nmse(d16, d32) < 1e-3, nmse(d16, d32)
+
+
+def test_windowed_block_mask_is_the_authors_rule(tmp_path, target, monkeypatch):
+    """z-lab's DFlash mask for a non-causal sliding layer: key k visible to query q iff q - k < W and k - q < W.
+
+    Context rows 0..2, then a 6-row block at 3..8 with W = 3: written out by hand, block keys are windowed both ways.
+    """
+    sliding = dict(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, is_causal=False)
+    dcfg, dweights = load_draft(Checkpoint.open(write_tiny_dflash(tmp_path / "d", sliding_window=3, **sliding)))
+    masks, attention = [], reference_dflash.attention
+
+    def recording(q, k, v, mask):
+        masks.append(mask)
+        return attention(q, k, v, mask)
+
+    monkeypatch.setattr(reference_dflash, "attention", recording)
+    ref = DFlashReference(dcfg, dweights, target[1])
+    taps = np.random.default_rng(0).standard_normal((3, dcfg.num_taps * dcfg.target_hidden_size))
+    ref.forward(ref.new_cache(), taps, np.array([7] + [257] * 5))
+    visible = {
+        3: [1, 2, 3, 4, 5],
+        4: [2, 3, 4, 5, 6],
+        5: [3, 4, 5, 6, 7],
+        6: [4, 5, 6, 7, 8],
+        7: [5, 6, 7, 8],
+        8: [6, 7, 8],
+    }
+    assert {q: np.flatnonzero(row).tolist() for q, row in zip(range(3, 9), masks[0], strict=True)} == visible
+    assert masks[1].all(), "the full layer hides nothing"
