@@ -6,8 +6,10 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from ovbuild.graph import dflash
 from ovbuild.graph.dflash2 import build_dflash2_draft, build_markov_head
 from ovbuild.graph.ir import core, read_ir, save_ir
+from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.weights import WeightPolicy
@@ -16,7 +18,7 @@ from ovbuild.runtime.lattice import greedy_walk
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash2 import DFlash2Reference
 from ovbuild.runtime.reference.dflash2 import greedy_walk as reference_walk
-from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash2
+from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash2, write_tiny_dflash2_short_window
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
 
@@ -42,6 +44,44 @@ def v2(request, tmp_path_factory, target):
     ref = DFlash2Reference(cfg, weights, target[1])
     model = PagedModel(build_dflash2_draft(cfg, weights, target[1]), kv_cache_precision="f32")
     return request.param, cfg, weights, ref, run_draft(model, ref, SCHEDULE)
+
+
+# Blocks of up to 7 rows for the short-window variant (window 4 or 1 in its sliding layer): blocks with and without
+# context rows in the pack, a block shorter than the window, a context-only sequence, and a chunk (sequence 0, call 4)
+# that crosses the 32-row cache block.
+SHORT_WINDOW_SCHEDULE = [
+    [(0, 0, [11] + [M] * 6), (1, 13, [12] + [M] * 6), (2, 0, [13] + [M] * 6)],
+    [(0, 5, [14] + [M] * 6), (1, 3, [15] + [M] * 6), (2, 12, [16, M, M])],
+    [(2, 4, []), (0, 9, [17] + [M] * 6), (3, 6, [18] + [M] * 6)],
+    [(1, 2, [19] + [M] * 6), (3, 0, [20] + [M] * 6), (0, 20, [21] + [M] * 6)],
+]
+
+
+def short_window_run(tmp_path, target, window: int):
+    """The short-window draft's IR and reference over SHORT_WINDOW_SCHEDULE."""
+    cfg, weights = load_draft(Checkpoint.open(write_tiny_dflash2_short_window(tmp_path / "d", window=window)))
+    assert cfg.block_size == 7 and cfg.sliding_windows == (window, 0) and cfg.layer_causal == (False, False)
+    model = PagedModel(build_dflash2_draft(cfg, weights, target[1]), kv_cache_precision="f32")
+    return run_draft(model, DFlash2Reference(cfg, weights, target[1]), SHORT_WINDOW_SCHEDULE)
+
+
+@pytest.mark.parametrize("window", [4, 1])
+def test_window_below_the_block_matches_reference(tmp_path, target, window):
+    """Block rows `window` or more apart do not see each other in the sliding layer (window 1: each row only itself)."""
+    out = short_window_run(tmp_path, target, window)
+    logits, hidden = out.nmse("logits"), out.nmse("last_hidden_state")
+    calls = len(SHORT_WINDOW_SCHEDULE)
+    print(f"window {window} < block 7, {calls} packed calls: logits NMSE {logits:.2e}, hidden {hidden:.2e}")
+    assert logits < 1e-6, f"window {window} logits NMSE {logits:.2e}"
+    assert hidden < 1e-6, f"window {window} last_hidden_state NMSE {hidden:.2e}"
+
+
+def test_window_below_the_block_needs_the_band(tmp_path, target, monkeypatch):
+    """PagedAttention's own window leaves the whole block visible: without the band the IR is far from the reference."""
+    monkeypatch.setattr(dflash, "PagedInputs", lambda **_: PagedInputs())
+    out = short_window_run(tmp_path, target, 4)
+    print(f"window 4 < block 7 without the band: logits NMSE {out.nmse('logits'):.2e}")
+    assert out.nmse("logits") > 1e-2, f"the band made no difference: NMSE {out.nmse('logits'):.2e}"
 
 
 def compiled_head(cfg, weights, policy=None) -> ov.CompiledModel:

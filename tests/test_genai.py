@@ -153,6 +153,28 @@ def test_sliding_window_draft_matches_reference(tmp_path, target):
     assert err < F32_NMSE, f"windowed draft NMSE {err:.2e}"
 
 
+def test_bidirectional_window_below_the_block_matches_reference(tmp_path, target):
+    """Bidirectional sliding layers with a window (3) below the blocks (up to 8): the mask windows both directions."""
+    d = load_draft(
+        Checkpoint.open(
+            write_tiny_dflash(
+                tmp_path / "d",
+                layer_types=["sliding_attention"] * 2,
+                use_sliding_window=True,
+                sliding_window=3,
+                is_causal=False,
+            )
+        )
+    )
+    assert d[0].sliding_windows == (3, 3) and d[0].layer_causal == (False, False)
+    request = core().compile_model(build_genai_draft(*d), "CPU", F32).create_infer_request()
+    embed = target[1].get("embed_tokens").to_f32()
+    ir, expected = run_draft(request, DFlashReference(d[0], d[1], target[1]), embed, DRAFT_STEPS, seed=2)
+    err = nmse(ir, expected)
+    print(f"genai draft, bidirectional window 3: last_hidden_state NMSE {err:.2e}")
+    assert err < 1e-6, f"windowed draft NMSE {err:.2e}"
+
+
 def test_sliding_window_target_is_refused(tmp_path):
     t = load_target(
         Checkpoint.open(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import read_ir, save_ir
@@ -104,14 +105,16 @@ def test_sliding_window_layers_match_reference(tmp_path):
     assert dout.nmse("logits") < F32_NMSE, f"draft logits NMSE {dout.nmse('logits'):.2e}"
 
 
-def test_bidirectional_sliding_layer_with_window_not_below_block(tmp_path, target):
+@pytest.mark.parametrize("window", [8, 3])
+def test_bidirectional_sliding_layers_match_reference(tmp_path, target, window):
+    """Windows at and below the block (8): block rows `window` or more apart do not see each other."""
     d = load_draft(
         Checkpoint.open(
             write_tiny_dflash(
                 tmp_path / "d",
                 layer_types=["sliding_attention"] * 2,
                 use_sliding_window=True,
-                sliding_window=8,
+                sliding_window=window,
                 is_causal=False,
             )
         )
@@ -119,6 +122,7 @@ def test_bidirectional_sliding_layer_with_window_not_below_block(tmp_path, targe
     assert d[0].layer_causal == (False, False)
     dmodel = PagedModel(build_dflash_draft(d[0], d[1], target[1]), kv_cache_precision="f32")
     dout = run_draft(dmodel, DFlashReference(d[0], d[1], target[1]), DRAFT_SCHEDULE)
+    print(f"bidirectional window {window}, block 8: draft logits NMSE {dout.nmse('logits'):.2e}")
     assert dout.nmse("logits") < F32_NMSE, f"draft logits NMSE {dout.nmse('logits'):.2e}"
 
 

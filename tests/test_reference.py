@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 
 import ovbuild.runtime.reference
+from ovbuild.runtime.reference import dflash as reference_dflash
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
-from ovbuild.testing import nmse
+from ovbuild.testing import nmse, write_tiny_dflash
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
@@ -123,3 +124,32 @@ def test_reference_shares_no_builder_rope_or_reader_code():
                 continue
             bad = [m for m in modules for f in forbidden if m == f or m.startswith(f + ".")]
             assert not bad, f"{path.name} imports {bad}"
+
+
+def test_windowed_block_mask_is_the_authors_rule(tmp_path, target, monkeypatch):
+    """z-lab's DFlash mask for a non-causal sliding layer: key k visible to query q iff q - k < W and k - q < W.
+
+    Context rows 0..2, then a 6-row block at 3..8 with W = 3: written out by hand, block keys are windowed both ways.
+    """
+    sliding = dict(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, is_causal=False)
+    dcfg, dweights = load_draft(Checkpoint.open(write_tiny_dflash(tmp_path / "d", sliding_window=3, **sliding)))
+    masks, attention = [], reference_dflash.attention
+
+    def recording(q, k, v, mask):
+        masks.append(mask)
+        return attention(q, k, v, mask)
+
+    monkeypatch.setattr(reference_dflash, "attention", recording)
+    ref = DFlashReference(dcfg, dweights, target[1])
+    taps = np.random.default_rng(0).standard_normal((3, dcfg.num_taps * dcfg.target_hidden_size))
+    ref.forward(ref.new_cache(), taps, np.array([7] + [257] * 5))
+    visible = {
+        3: [1, 2, 3, 4, 5],
+        4: [2, 3, 4, 5, 6],
+        5: [3, 4, 5, 6, 7],
+        6: [4, 5, 6, 7, 8],
+        7: [5, 6, 7, 8],
+        8: [6, 7, 8],
+    }
+    assert {q: np.flatnonzero(row).tolist() for q, row in zip(range(3, 9), masks[0], strict=True)} == visible
+    assert masks[1].all(), "the full layer hides nothing"

@@ -14,7 +14,7 @@ from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.steered import SteeredDrafter
-from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2
+from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2, write_tiny_dflash2_short_window
 from ovbuild.testing.tiny_dspark import write_tiny_dspark
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
@@ -91,12 +91,14 @@ def test_sampling_is_reproducible_and_point_mass_families_give_the_target_alone_
         assert results[0] == results[1]
 
 
-def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target):
+@pytest.mark.parametrize("writer", [write_tiny_dflash2, write_tiny_dflash2_short_window])
+def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target, writer):
+    """Window 10 above block 8, and window 4 below block 7."""
     from ovbuild.runtime.drafters import DraftItem
     from ovbuild.runtime.reference import DRAFT_REFERENCES
     from ovbuild.runtime.reference.dflash2 import greedy_walk
 
-    dcfg, dweights = load_draft(Checkpoint.open(write_tiny_dflash2(tmp_path / "ckpt")))
+    dcfg, dweights = load_draft(Checkpoint.open(writer(tmp_path / "ckpt")))
     for stem, model in build_draft_models(dcfg, dweights, target[1]).items():
         save_ir(model, tmp_path / "draft" / f"{stem}.xml")
     drafter = DRAFTERS["dflash2"].from_folder(tmp_path / "draft", **F32)
@@ -105,7 +107,7 @@ def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target):
     width = dcfg.num_taps * dcfg.target_hidden_size
     items = [
         DraftItem(seq, rng.standard_normal((n, width)).astype(np.float32), anchor, k)
-        for seq, n, anchor, k in ((0, 9, 17, 7), (1, 4, 40, 3), (2, 12, None, 0))
+        for seq, n, anchor, k in ((0, 9, 17, drafter.max_candidates), (1, 4, 40, 3), (2, 12, None, 0))
     ]
     proposals = drafter.propose(items)
     for item, proposal in zip(items, proposals, strict=True):

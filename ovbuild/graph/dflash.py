@@ -39,7 +39,7 @@ def build_dflash_draft(
     token_type_ids = parameter("token_type_ids", [-1], ov.Type.i32)
     position_ids = parameter("position_ids", [-1], ov.Type.i64)
     candidate_indices = parameter("candidate_indices", [-1], ov.Type.i64)
-    paged = PagedInputs()
+    paged = PagedInputs(bidirectional_rows=cfg.block_size)  # each block is one bidirectional run
     ctx = BuildContext(
         cfg, draft, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
     )

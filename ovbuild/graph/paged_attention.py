@@ -9,6 +9,7 @@ import openvino as ov
 from openvino._pyopenvino.op import _PagedAttentionExtension
 
 from ovbuild.graph.ops import Output, const, i32, named, parameter
+from ovbuild.graph.packed import window_band
 
 # The four sequence-layout inputs every paged model has, shared by all of its PagedAttention nodes.
 SEQUENCE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")
@@ -33,9 +34,15 @@ class AttentionBackend(Protocol):
 
 
 class PagedInputs:
-    """Model inputs shared by all PagedAttention nodes of one graph, and the per-layer cache inputs they add."""
+    """Model inputs shared by all PagedAttention nodes of one graph, and the per-layer cache inputs they add.
 
-    def __init__(self):
+    bidirectional_rows: the longest run of token_type_ids = 1 the graph is fed (a draft's block), 0 = none. A
+    windowed bidirectional layer whose window is shorter than that run gets the window inside the run too.
+    """
+
+    def __init__(self, bidirectional_rows: int = 0):
+        self.bidirectional_rows = bidirectional_rows
+        self._bands: dict[int, tuple[Output, Output]] = {}
         self.sequence = {name: parameter(name, [-1], ov.Type.i32) for name in SEQUENCE_INPUTS}
         self.max_context_len = parameter("max_context_len", [], ov.Type.i32)
         self.caches: list[ov.Node] = []
@@ -62,13 +69,18 @@ class PagedInputs:
         """PagedAttention over packed rows: q [T, H * D], k/v [T, KV * D] -> [T, H * D].
 
         New rows are written to the cache at `past_lens`; each row sees the cached past and the causal prefix of its
-        sequence's chunk. token_type_ids [T] i32 (1 = bidirectional run) opens each run of 1s to itself.
+        sequence's chunk. token_type_ids [T] i32 (1 = bidirectional run) opens each run of 1s to itself. A window
+        keeps keys with |query - key| < window: PagedAttention applies it to the past and the causal prefix only, so
+        a run longer than the window also gets a query-to-query band over its chunk (qq_bias, AND-ed with the rest).
         """
         # Cache layout and precision are chosen by the plugin at compile time: declare them fully dynamic.
         key_cache = parameter(f"key_cache.{layer}", [-1, -1, -1, -1], ov.Type.dynamic)
         value_cache = parameter(f"value_cache.{layer}", [-1, -1, -1, -1], ov.Type.dynamic)
         self.caches += [key_cache, value_cache]
         s, e32, ef32 = self.sequence, self._empty_i32, self._empty_f32
+        qq_bias, qq_bias_begins = self._empty_u8, e32
+        if token_type_ids is not None and 0 < sliding_window < self.bidirectional_rows:
+            qq_bias, qq_bias_begins = self._band(sliding_window)
         inputs = [
             q, k, v, key_cache.output(0), value_cache.output(0),
             s["past_lens"].output(0), s["subsequence_begins"].output(0), s["block_indices"].output(0),
@@ -83,11 +95,18 @@ class PagedInputs:
             ef32,  # 20 sinks (off)
             i32(0), e32, e32, e32,  # 21-24 adaptive R-KV (off)
             token_type_ids if token_type_ids is not None else e32,  # 25
-            self._empty_u8, e32,  # 26-27 qq_bias (off)
+            qq_bias, qq_bias_begins,  # 26-27 query-to-query mask (off unless the window is shorter than a run)
         ]  # fmt: skip
         pa = _PagedAttentionExtension(inputs)
         set_head_geometry(pa, num_kv_heads, head_dim)
         return named(pa, path)
+
+    def _band(self, window: int) -> tuple[Output, Output]:
+        """The |i - j| < window band of every sequence's new rows, built once per window and shared by its layers."""
+        if window not in self._bands:
+            begins = self.sequence["subsequence_begins"].output(0)
+            self._bands[window] = window_band(begins, window, f"attention_window_band/w{window}")
+        return self._bands[window]
 
 
 def set_head_geometry(node: ov.Node, num_kv_heads: int, head_dim: int) -> None:

@@ -7,7 +7,7 @@ from ovbuild.testing.tiny import (
     write_tiny_dflash,
     write_tiny_target,
 )
-from ovbuild.testing.tiny_dflash2 import TINY_DFLASH2, write_tiny_dflash2
+from ovbuild.testing.tiny_dflash2 import TINY_DFLASH2, write_tiny_dflash2, write_tiny_dflash2_short_window
 from ovbuild.testing.tiny_dspark import DSPARK_KINDS, TINY_DSPARK, write_tiny_dspark
 
 # NMSE bound of an f32 graph (f32 KV cache, f32 inference) against the float64 reference. Measured 1e-16 (heads,
@@ -24,6 +24,7 @@ __all__ = [
     "nmse",
     "write_tiny_dflash",
     "write_tiny_dflash2",
+    "write_tiny_dflash2_short_window",
     "write_tiny_dspark",
     "write_tiny_target",
 ]

@@ -64,6 +64,13 @@ def write_tiny_dflash2(
     return write_checkpoint(folder, cfg, tensors, dtype)
 
 
+def write_tiny_dflash2_short_window(folder: str | Path, *, window: int = 4, block: int = 7, **options) -> Path:
+    """The tiny v2 draft with its sliding layer's window below the block (block rows `window` or more apart do not see
+    each other there); the tensors of `write_tiny_dflash2` for the same seed, only config.json differs."""
+    nested = {**TINY_DFLASH2["dflash_config"], "block_size": block}
+    return write_tiny_dflash2(folder, sliding_window=window, dflash_config=nested, **options)
+
+
 def _base_kernel(rng: np.random.Generator, k: int, h: int) -> np.ndarray:
     """[2, k, H]: about 1 on the row itself, about +-0.5 on each earlier row, so every tap moves the output."""
     base = 0.5 * rng.standard_normal((2, k, h))
