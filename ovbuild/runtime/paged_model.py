@@ -20,7 +20,8 @@ def compile_config(
     model: ov.Model | None = None,
 ) -> dict[str, str]:
     """Plugin properties. An f32 KV cache needs f32 inference (CPUs with bf16 units otherwise demand a bf16 cache);
-    on GPU, a model asking for a minimum ACTIVATIONS_SCALE_FACTOR (DFlash v2: fp16 overflows in its convs) gets it."""
+    a u8 cache on CPU quantizes keys per token (see below); on GPU, a model asking for a minimum
+    ACTIVATIONS_SCALE_FACTOR (DFlash v2: fp16 overflows in its convs) gets it."""
     if kv_cache_precision not in KV_PRECISIONS:
         raise UnsupportedError(f"KV cache precision '{kv_cache_precision}' is not one of {', '.join(KV_PRECISIONS)}")
     config = {"KV_CACHE_PRECISION": kv_cache_precision}
@@ -28,6 +29,12 @@ def compile_config(
         inference_precision = "f32"
     if inference_precision:
         config["INFERENCE_PRECISION_HINT"] = inference_precision
+    if kv_cache_precision == "u8" and device.upper().startswith("CPU"):
+        # The CPU plugin's default quantizes keys per channel across a cache block, so a row written and then rolled
+        # back shifts the scales of the committed rows around it: speculative output drifts from the target alone.
+        # Per-token keys (values are per token already) leave committed rows as they were written: measured exact
+        # against the target alone with the same cache, where the default diverged (bench/bench_kv_cache.py).
+        config["KEY_CACHE_QUANT_MODE"] = "BY_TOKEN"
     minimum = get_rt_info(model, "dflash/gpu_min_activations_scale_factor") if model is not None else None
     if device.upper().startswith("GPU") and minimum is not None:
         own = get_rt_info(model, "runtime_options/ACTIVATIONS_SCALE_FACTOR", "0")
@@ -46,9 +53,11 @@ class PagedModel:
         inference_precision: str | None = None,
         num_blocks: int | None = None,
         cache_mb: float = 256,
+        properties: dict[str, str] | None = None,
     ):
-        """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes."""
-        config = compile_config(kv_cache_precision, inference_precision, device, model)
+        """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes;
+        `properties` (plugin properties) override ovbuild's own."""
+        config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
         try:
             self.compiled = core().compile_model(model, device, config)
         except RuntimeError as e:

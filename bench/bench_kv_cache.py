@@ -1,0 +1,110 @@
+"""Which target KV cache is exact and which is fastest, on the shipped demo pair, side by side in one process.
+
+Exact here means what speculative decoding needs: with the same cache configuration, the speculative output equals
+the target alone token for token. Each configuration serves 32 code prompts (96 new tokens) alone, then with a draft
+steered to propose the target's own continuation with a wrong token at a random position (so that every step writes
+rows that are then rolled back), at K = 3, 7 and the adaptive choice. Then it times one decode row per sequence at
+several context lengths (best of a few rounds, configurations interleaved).
+
+    python bench/bench_kv_cache.py
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ovbuild.demo import export_pair, shipped_pair
+from ovbuild.graph.ir import read_ir
+from ovbuild.runtime.drafters import BlockDrafter
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.machine import describe
+from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.pipeline import Pipeline
+from ovbuild.runtime.request import GenerationConfig
+from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.testing.steered import SteeredDrafter
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_vs_genai import PROMPTS
+
+# name: (KV_CACHE_PRECISION, extra plugin properties); ovbuild's u8 is per-token keys, the plugin's default per channel
+CONFIGS = {
+    "f32": ("f32", {}),
+    "f16": ("f16", {}),
+    "u8, keys per channel (plugin default)": ("u8", {"KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}),
+    "u8, keys per token (ovbuild's u8)": ("u8", {}),
+}
+
+
+LABELS = dict(zip(CONFIGS, ("f32", "f16", "u8/channel", "u8/token"), strict=True))
+
+
+def compiled_target(model, kv: str, extra: dict, blocks: int) -> PagedModel:
+    """The target compiled with f32 inference, a `kv` cache and the extra plugin properties."""
+    return PagedModel(model, kv_cache_precision=kv, inference_precision="f32", num_blocks=blocks, properties=extra)
+
+
+def exactness(model, draft_model, prompts, kv, extra) -> dict:
+    alone = Scheduler(compiled_target(model, kv, extra, 512))
+    requests = [alone.add_request(p, GenerationConfig(96)) for p in prompts]
+    alone.run()
+    expected = [r.generated for r in requests]
+    same = {}
+    for k in (3, 7, None):
+        label = "adaptive" if k is None else f"K={k}"
+        drafter = SteeredDrafter(BlockDrafter(draft_model, num_blocks=512), 1 << 20, seed=k or 0)
+        scheduler = Scheduler(compiled_target(model, kv, extra, 512), drafter)
+        spec = [scheduler.add_request(p, GenerationConfig(96, num_assistant_tokens=k)) for p in prompts]
+        for request, tokens in zip(spec, expected, strict=True):
+            drafter.truths[request.id] = [*request.prompt.tolist(), *tokens]
+        try:
+            scheduler.run()
+            same[label] = sum(r.generated == e for r, e in zip(spec, expected, strict=True))
+        except AssertionError:  # the steered draft saw an anchor the target alone never produced
+            same[label] = "diverged"
+    return same
+
+
+def decode_ms(target: PagedModel, seqs: int, past: int, rounds: int = 30) -> float:
+    rows = [SequenceRows(i, past, 1) for i in range(seqs)]
+    for i in range(seqs):
+        target.cache.allocator.reserve(i, past + 1)
+    inputs = {
+        "input_ids": np.full(seqs, 5, np.int64),
+        "position_ids": np.full(seqs, past, np.int64),
+        "logits_indices": np.arange(seqs),
+    }
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        target.run(rows, inputs)
+        times.append(time.perf_counter() - start)
+    for i in range(seqs):
+        target.free(i)
+    return float(np.percentile(times, 25) * 1e3)
+
+
+def main() -> None:
+    print(describe())
+    with tempfile.TemporaryDirectory(prefix="ovbuild_kv_") as tmp:
+        target_dir, draft_dir = export_pair(*shipped_pair(), Path(tmp))
+        model, draft_model = read_ir(target_dir), read_ir(draft_dir)
+        prompts = [Pipeline(target_dir).encode(p) for p in PROMPTS]
+        print("exactness: 32 prompts x 96 tokens, speculative (steered draft) vs the target alone, same cache")
+        for name, (kv, extra) in CONFIGS.items():
+            print(f"  {name:<40} identical requests: {exactness(model, draft_model, prompts, kv, extra)}")
+        targets = {name: compiled_target(model, kv, extra, 1100) for name, (kv, extra) in CONFIGS.items()}
+        print("decode call, one row per sequence (ms, best quartile of 30 calls, configurations interleaved):")
+        for seqs, past in ((1, 100), (1, 2000), (1, 4000), (8, 2000), (16, 2000)):
+            best = {name: min(decode_ms(t, seqs, past) for _ in range(3)) for name, t in targets.items()}
+            cells = "  ".join(f"{LABELS[name]} {ms:.2f}" for name, ms in best.items())
+            print(f"  {seqs:>2} seq x {past:>4} context: {cells}")
+
+
+if __name__ == "__main__":
+    main()
