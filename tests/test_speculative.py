@@ -180,9 +180,10 @@ def test_metrics_count_what_the_draft_got_right(models):
         assert [s["accepted"] for s in r.trace if s["proposed"]] == [c for _, c in log.steps[r.id]]
 
 
-def test_default_runtime_options_are_exact(models):
-    """The pipeline defaults (f16 target cache, f32 target math, u8 draft cache) keep speculation lossless, with
-    rolled-back rows written to the target cache on most steps."""
+@pytest.mark.parametrize("kv", ["default", "u8"])
+def test_default_runtime_options_are_exact(models, kv):
+    """The pipeline defaults (f16 target cache, f32 target math, u8 draft cache), and a u8 target cache (keys per
+    token), keep speculation lossless, with rolled-back rows written to the target cache on most steps."""
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
     target_model, draft_model = models
@@ -192,9 +193,10 @@ def test_default_runtime_options_are_exact(models):
     arrivals = [(int(rng.integers(0, 3)), p, configs[i % 2]) for i, p in enumerate(prompts(rng, 12))]
     fast = dict(kv_cache_precision=FAST_DRAFT.kv_cache_precision, inference_precision=FAST_DRAFT.inference_precision)
 
+    precision = EXACT_TARGET.kv_cache_precision if kv == "default" else kv
+
     def scheduler(drafter):
-        target = PagedModel(target_model, "CPU", EXACT_TARGET.kv_cache_precision, EXACT_TARGET.inference_precision)
-        return Scheduler(target, drafter)
+        return Scheduler(PagedModel(target_model, "CPU", precision, EXACT_TARGET.inference_precision), drafter)
 
     alone = run(scheduler(None), arrivals)
     steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
