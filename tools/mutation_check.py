@@ -51,6 +51,8 @@ SPECULATIVE = (
 )
 BF16 = ("tests/test_paged_parity.py", "tests/test_reference.py", "tests/test_dflash2_parity.py")
 QUANTIZED = ("tests/test_compression.py",)
+PLANNER = ("tests/test_speculation.py",)
+SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 
 MUTANTS = (
     # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
@@ -278,6 +280,56 @@ MUTANTS = (
         "        r.num_generated_tokens += m.num_generated_tokens\n",
         "",
         ("tests/test_metrics.py", *SPECULATIVE),
+    ),
+    # -- adaptive draft length and sampling ---------------------------------------------------------------------------
+    Mutant(
+        "speculation-survival-summed",
+        "ovbuild/runtime/speculation.py",
+        "return np.cumprod((accepted + REQUEST_WEIGHT * run)",
+        "return np.cumsum((accepted + REQUEST_WEIGHT * run)",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-plan-one-proposal-too-many",
+        "ovbuild/runtime/speculation.py",
+        "np.bincount(owner[:best], minlength=len(free))",
+        "np.bincount(owner[: best + 1], minlength=len(free))",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-draft-call-free",
+        "ovbuild/runtime/speculation.py",
+        "np.where(drafting, self.draft_cost(draft_rows), 0.0)",
+        "0.0",
+        PLANNER,
+    ),
+    Mutant(
+        "drafter-full-block-always",
+        "ovbuild/runtime/drafters/block.py",
+        "block = min(self.block_size, item.num_tokens + self.candidate_offset) if item.anchor is not None else 0",
+        "block = self.block_size if item.anchor is not None else 0",
+        ("tests/test_drafter_proposals.py", *SPECULATIVE),
+    ),
+    Mutant(
+        "sampling-race-multiplies",
+        "ovbuild/runtime/sampling.py",
+        "score = np.divide(p, keys,",
+        "score = np.multiply(p, keys,",
+        SAMPLING,
+    ),
+    Mutant(
+        "sampling-exact-verification-ignored",
+        "ovbuild/runtime/verify.py",
+        'if q is None or not proposal or params.verification == "exact":',
+        "if q is None or not proposal:",
+        SAMPLING,
+    ),
+    Mutant(
+        "sampling-accepts-when-p-above-q",
+        "ovbuild/runtime/verify.py",
+        "if u[i].accept * q[i][x] >= p[i][x]:",
+        "if q[i][x] >= p[i][x]:",
+        SAMPLING,
     ),
 )
 
