@@ -24,10 +24,14 @@ def test_node_names_are_unique_paths(target, draft, fmt):
     for name, model in models.items():
         names = Counter(n.get_friendly_name() for n in model.get_ops())
         assert not [n for n, c in names.items() if c > 1], f"{name}: duplicate node names"
+    draft_names = {n.get_friendly_name() for n in models["openvino_model"].get_ops()}
+    assert {"layers.0/self_attn/q_proj", "layers.0/self_attn/kv_proj", "layers.1/mlp/gate_up_proj"} <= draft_names
     names = {n.get_friendly_name() for n in models["target"].get_ops()}
     assert {
-        "layers.0/self_attn/q_proj",
-        "layers.0/self_attn/q_proj/weight",
+        "layers.0/self_attn/qkv_proj",  # q, k and v of one input: one MatMul over stacked weights
+        "layers.0/self_attn/qkv_proj/weight",
+        "layers.0/self_attn/qkv_proj/split",
+        "layers.1/mlp/gate_up_proj",
         "layers.5/mlp/down_proj",
         "layers.2/self_attn/attention",
         "embed_tokens/gather",

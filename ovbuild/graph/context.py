@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import openvino.opset16 as ops
 
 from ovbuild.graph.ops import Output, i64, named
@@ -11,6 +12,7 @@ from ovbuild.graph.paged_attention import AttentionBackend
 from ovbuild.graph.rope import RotaryTables
 from ovbuild.graph.weights import WeightPolicy, f32_constant
 from ovbuild.weights.config import Backbone
+from ovbuild.weights.tensor import WeightTensor
 from ovbuild.weights.tensor_names import WeightSource
 
 
@@ -46,6 +48,19 @@ class BuildContext:
         """x [T, in] @ W^T -> [T, out], W read as stored, named after the tensor (`layers.3/self_attn/q_proj`)."""
         w = self.matrix(self.weights, name, (out_features, in_features))
         return named(ops.matmul(x, w, False, True), path(name))
+
+    def linears(self, x: Output, names: list[tuple[str, int]], in_features: int, fused_path: str) -> list[Output]:
+        """Several projections of the same x [T, in] as one MatMul: `names` (tensor, out_features) -> one [T, out]
+        output each. Their weights are stacked along the output axis when loading (each output row keeps its own
+        scale and groups, so compressed codes are those of the separate matrices): one kernel call instead of
+        several, which is most of a call's cost at small row counts."""
+        tensors = [self.weights.get(name, (out, in_features)) for name, out in names]
+        stacked = WeightTensor(tensors[0].name, tensors[0].dtype, np.concatenate([t.array for t in tensors]))
+        w = self.policy.matrix(stacked, fused_path, "linear")
+        y = named(ops.matmul(x, w, False, True), fused_path)  # [T, sum(out)]
+        parts = ops.variadic_split(y, i64(-1), i64([out for _, out in names]))
+        parts.set_friendly_name(f"{fused_path}/split")  # outputs in the order of `names`
+        return list(parts.outputs())
 
     def queries_on(self, rows: Output) -> None:
         """Queries, and so the residual stream, only on `rows` [Tq] i64 of the packed axis; RoPE gathered there once."""

@@ -29,24 +29,30 @@ def self_attention(
     ctx: BuildContext,
     i: int,
     u: Output,
-    kv_input: Output,
+    kv_input: Output | None = None,
     token_type_ids: Output | None = None,
 ) -> Output:
-    """Queries from u [Tq, H], keys/values from kv_input [T, H] (u itself in the target) -> [Tq, H].
+    """Queries from u [Tq, H], keys/values from kv_input [T, H] (None: u itself, as in the target) -> [Tq, H].
 
-    Tq < T when ctx.query_rows says which rows of the packed axis u holds: their queries go to those rows of the
-    attention's [T, H * D] query input (zeros elsewhere) and only those rows of its output are read.
+    Projections of one input run as one MatMul (q, k and v of u; or k and v of kv_input). Tq < T when
+    ctx.query_rows says which rows of the packed axis u holds: their queries go to those rows of the attention's
+    [T, H * D] query input (zeros elsewhere) and only those rows of its output are read.
     """
     cfg, p = ctx.cfg, f"layers.{i}.self_attn"
     h = cfg.hidden_size
-    q_proj = ctx.linear(u, f"{p}.q_proj", cfg.q_size, h)
+    kv_names = [(f"{p}.k_proj", cfg.kv_size), (f"{p}.v_proj", cfg.kv_size)]
+    if kv_input is None:
+        kv_input = u
+        q_proj, k_proj, v = ctx.linears(
+            u, [(f"{p}.q_proj", cfg.q_size), *kv_names], h, f"layers.{i}/self_attn/qkv_proj"
+        )
+    else:
+        q_proj = ctx.linear(u, f"{p}.q_proj", cfg.q_size, h)
+        k_proj, v = ctx.linears(kv_input, kv_names, h, f"layers.{i}/self_attn/kv_proj")
     q = heads(ctx, q_proj, cfg.num_heads, f"{p}.q_norm", f"layers.{i}/q", ctx.query_rope)  # [Tq, H * D]
     if ctx.query_rows is not None:
         q = named(scatter_rows(q, ctx.query_rows, kv_input), f"layers.{i}/q/rows")  # [T, H * D]
-    k = heads(
-        ctx, ctx.linear(kv_input, f"{p}.k_proj", cfg.kv_size, h), cfg.num_kv_heads, f"{p}.k_norm", f"layers.{i}/k"
-    )
-    v = ctx.linear(kv_input, f"{p}.v_proj", cfg.kv_size, h)
+    k = heads(ctx, k_proj, cfg.num_kv_heads, f"{p}.k_norm", f"layers.{i}/k")
     attn = ctx.attention.attend(
         q,
         k,
@@ -75,10 +81,9 @@ def scatter_rows(values: Output, rows: Output, like: Output) -> Output:
 def mlp(ctx: BuildContext, i: int, x: Output) -> Output:
     """SwiGLU: down(silu(gate x) * up x); x [T, H] -> [T, H]."""
     cfg, p = ctx.cfg, f"layers.{i}.mlp"
-    gate = ops.swish(ctx.linear(x, f"{p}.gate_proj", cfg.intermediate_size, cfg.hidden_size))
-    hidden = named(
-        ops.multiply(gate, ctx.linear(x, f"{p}.up_proj", cfg.intermediate_size, cfg.hidden_size)), f"layers.{i}/mlp/act"
-    )
+    names = [(f"{p}.gate_proj", cfg.intermediate_size), (f"{p}.up_proj", cfg.intermediate_size)]
+    gate, up = ctx.linears(x, names, cfg.hidden_size, f"layers.{i}/mlp/gate_up_proj")  # [T, I] each
+    hidden = named(ops.multiply(ops.swish(gate), up), f"layers.{i}/mlp/act")
     return ctx.linear(hidden, f"{p}.down_proj", cfg.hidden_size, cfg.intermediate_size)
 
 
@@ -96,7 +101,7 @@ def decoder_layer(
 ) -> Output:
     """One Qwen3 layer on packed rows; kv_input(u) picks each row's key/value source (default: u)."""
     u = norm(ctx, x, f"layers.{i}.input_layernorm")
-    attn = self_attention(ctx, i, u, kv_input(u) if kv_input else u, token_type_ids)
+    attn = self_attention(ctx, i, u, kv_input(u) if kv_input else None, token_type_ids)
     x = named(ops.add(x, attn), f"layers.{i}/attn_residual")
     m = mlp(ctx, i, norm(ctx, x, f"layers.{i}.post_attention_layernorm"))
     return named(ops.add(x, m), f"layers.{i}/output")
