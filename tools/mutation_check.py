@@ -111,8 +111,8 @@ MUTANTS = (
     Mutant(
         "scheduler-rejected-taps-committed",
         "ovbuild/runtime/scheduler.py",
-        "request.pending_taps.append(taps[: accepted + 1].copy())",
-        "request.pending_taps.append(taps.copy())",
+        "request.add_taps(taps[: accepted + 1])",
+        "request.add_taps(taps)",
         SPECULATIVE,
     ),
     Mutant(
