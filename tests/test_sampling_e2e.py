@@ -5,7 +5,6 @@ tests/test_sampling.py checks the rules with a draft close to the target)."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
@@ -17,6 +16,8 @@ from ovbuild.runtime.drafters import BlockDrafter, Proposal
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+
+from sampling_helpers import two_sample_chi_square
 
 F32 = dict(kv_cache_precision="f32")
 PROMPT = [5, 17, 33, 2, 90, 41]
@@ -80,18 +81,6 @@ def test_exact_verification_gives_the_target_alone_tokens_for_the_same_seed(mode
             assert s.metrics.requests.num_draft_tokens > 0
     assert results[0] == results[1]
     assert len({tuple(r) for r in results[0]}) == 4  # the seeds matter
-
-
-def two_sample_chi_square(a: Counter, b: Counter) -> tuple[float, float]:
-    """Pearson statistic of two equal-size samples over their cells (cells under 10 in total pooled), and the 1e-4
-    critical value (Wilson-Hilferty)."""
-    cells = sorted(set(a) | set(b), key=lambda c: -(a[c] + b[c]))
-    big = [c for c in cells if a[c] + b[c] >= 10]
-    rest = [c for c in cells if a[c] + b[c] < 10]
-    pairs = [(a[c], b[c]) for c in big] + ([(sum(a[c] for c in rest), sum(b[c] for c in rest))] if rest else [])
-    stat = sum((x - y) ** 2 / (x + y) for x, y in pairs)
-    df = len(pairs) - 1
-    return stat, df * (1 - 2 / (9 * df) + 3.72 * math.sqrt(2 / (9 * df))) ** 3
 
 
 def test_first_tokens_have_the_same_distribution_with_and_without_the_draft(models):
