@@ -1,5 +1,6 @@
 """The demo pair's models in plain torch, for tools/train_demo.py: a Qwen3 dense decoder with a KV cache and a DFlash v1
-draft (dflash_family.md sections 2 and 3.3), written to match ovbuild's numpy reference formula by formula.
+draft (docs/formulas.md: building blocks, Qwen3 target, DFlash v1 draft step), written to match ovbuild's numpy
+reference formula by formula.
 
 Development tool only, like train_demo.py: the ovbuild package and its tests never import torch.
 """
@@ -127,7 +128,8 @@ class DecoderLayer(nn.Module):
         return self.finish(x, self.self_attn.output(self.self_attn.queries(h, cos, sin), k, v, mask))
 
     def draft_forward(self, x, ctx, rope_block, rope_ctx, mask):
-        """DFlash layer (section 2.2): queries from block rows; keys/values from [context C ; normed block rows]."""
+        """DFlash layer (docs/formulas.md, "The draft layer"): queries from block rows; keys/values from
+        [context C ; normed block rows]."""
         h = self.input_layernorm(x)
         kc, vc = self.self_attn.keys_values(ctx, *rope_ctx)
         kb, vb = self.self_attn.keys_values(h, *rope_block)

@@ -3,7 +3,8 @@
 
 Development tool only. It needs torch (the ``train`` extra: ``pip install -e .[train]``); the ovbuild package and its
 tests never import torch. The checkpoints it writes follow the Hugging Face layout (bf16 safetensors) and the formulas
-of ``dflash_family.md`` sections 2, 3.3 and 3.4, so an independent numpy/OpenVINO implementation can run them.
+written out in ``docs/formulas.md`` (building blocks, Qwen3 target with taps, DFlash v1 draft step, the speculative
+step), so an independent numpy/OpenVINO implementation can run them.
 
 Stages (each re-runnable on its own; later stages read what earlier ones wrote):
 
@@ -20,12 +21,13 @@ Stages (each re-runnable on its own; later stages read what earlier ones wrote):
   a block-sparse mask, each anchor with a block length drawn from 2..block_size (runtimes draft
   num_assistant_tokens + 1 rows), cross-entropy against the target's greedy tokens, row j weighted exp(-(j-1)/4);
   written bf16 to ``<out>/draft`` (no embed_tokens, no lm_head: the draft uses the target's).
-* ``eval``: greedy speculative decoding (section 3.4) on held-out prompts, in float64 from the shipped bf16
-  weights; reports acceptance per num_assistant_tokens and asserts it reproduces plain greedy decoding.
+* ``eval``: greedy speculative decoding (docs/formulas.md, "The speculative step") on held-out prompts, in float64
+  from the shipped bf16 weights; reports acceptance per num_assistant_tokens and asserts it reproduces plain greedy
+  decoding.
 
 ``--check`` runs the equivalence checks alone: cached target decoding equals the full forward, and the batched
-training-time draft forward equals a direct one-block implementation of section 3.3 for every anchor. The ``draft``
-stage runs the same checks on the real target before training.
+training-time draft forward equals a direct one-block implementation of the DFlash v1 draft step (docs/formulas.md)
+for every anchor. The ``draft`` stage runs the same checks on the real target before training.
 
 Reproduce everything (about 50 minutes on 2 idle CPU cores; see docs/demo_training.md)::
 
@@ -459,7 +461,8 @@ def draft_train_logits(draft: Draft, embed, taps, tokens, anchors, lengths, bloc
 
 
 def draft_block_reference(draft: Draft, embed, anchor_id: int, mask_id: int, ctx_taps, block: int):
-    """One DFlash v1 step written out from section 3.3: logits [block-1, V] for anchor at position len(ctx_taps)."""
+    """One DFlash v1 step written out from docs/formulas.md ("DFlash v1 draft step"): logits [block-1, V] for the
+    anchor at position len(ctx_taps)."""
     g = draft.g
     nh, nkv, d, eps = g.num_attention_heads, g.num_key_value_heads, g.head_dim, g.rms_norm_eps
     start = ctx_taps.shape[0]
@@ -611,7 +614,9 @@ def greedy_generate(target: Target, prompt: list[int], max_new: int, eos: int) -
 
 @torch.no_grad()
 def speculative_generate(target, draft, dflash: dict, prompt: list[int], k: int, max_new: int, eos: int):
-    """Greedy DFlash decoding (section 3.4) with blocks of k+1 rows. Returns (new tokens, accepted count per step)."""
+    """Greedy DFlash decoding (docs/formulas.md, "The speculative step") with blocks of k+1 rows.
+
+    Returns (new tokens, accepted count per step)."""
     taps = tuple(dflash["target_layer_ids"])
     embed = target.embed_tokens.weight
     cache = KVCache(target.g.num_hidden_layers)
