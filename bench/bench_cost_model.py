@@ -2,19 +2,23 @@
 with the old fixed full block and with the adaptive draft length (ovbuild.runtime.speculation).
 
 A random target shaped like Qwen3-4B and a draft shaped like z-lab/Qwen3-4B-DFlash-b16 (int8 weights by default) are
-written locally and built. With n sequences of `--context` tokens each, the script times the target on r rows per
-sequence and the draft on `--tau-context` context rows plus a block per sequence, over the row counts the planner
-keeps costs at, and the host time per scheduler step (Python packing and verification, measured on the tiny pair
-at the same concurrency). Then, at published acceptance lengths tau (tokens per step at the full block of 16):
+written locally and built. With n sequences of `--context` tokens each, the script first times the target on r rows
+per sequence and the draft on `--tau-context` context rows plus a block per sequence, over the row counts the planner
+keeps costs at (the cost tables), and the host time per scheduler step (Python packing and verification, measured on
+the tiny pair at the same concurrency). At published acceptance lengths tau (tokens per step at the full block of 16):
 
   before: the draft always runs its full block and the target verifies 15 tokens,
           x = tau * (t_target(1) + host_alone) / (t_target(16) + t_draft(ctx + 16) + host_spec)
   after:  each request drafts k = 0..15 tokens (k + 1 target rows, k + 1 block rows, no draft call at k = 0), k
-          chosen by `Speculation.plan` from these measured costs and a per-position acceptance a constant over
-          positions with a + a^2 + ... + a^15 = tau - 1; the chosen plan's calls are then timed themselves,
+          chosen by `Speculation.plan` from the cost tables and a per-position acceptance a constant over positions
+          with a + a^2 + ... + a^15 = tau - 1 (so tau(k) = 1 + a + ... + a^k),
           x = tau(k) * (t_target(1) + host_alone) / (t_target(k + 1) + t_draft(ctx + k + 1) + host_spec + t_plan)
-  floor:  tau * t_target(1) / (t_target(16) + t_draft(ctx + 16) + host_spec), every call at its fastest repeat
-          (the most a full block can give at that tau, host time of the plain decode left out)
+  floor:  tau * t_target(1) / (t_target(16) + t_draft(ctx + 16) + host_spec), every call at its fastest over the
+          rounds (issue 14's floor of a full block at that tau; the plain decode's host time left out)
+
+The calls in these formulas are timed in rounds, each round running the plain decode step, the full-block step and
+every tau's planned step back to back, so that a busy moment of a shared machine hits all of them; `before`, `after`
+and `after / before` are medians of per-round ratios.
 
     python bench/bench_cost_model.py [--weight-format int8] [--requests 1,4] [--workdir DIR]
 """
@@ -51,6 +55,7 @@ from shapes import QWEN3_4B_DFLASH_B16, write_draft, write_target
 TAUS = (5.4, 3.1)  # DFlash on Qwen3-4B, GSM8K and MT-Bench (DSpark paper, table 1)
 BLOCK = QWEN3_4B_DFLASH_B16["dflash_config"]["block_size"]
 FULL = BLOCK - 1  # proposals of a full block (candidate offset 1)
+TABLE_REPEATS = 3  # calls per row count in the cost tables (they only steer the plan)
 
 
 def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -170,13 +175,22 @@ class Costs:
         self.draft_times = {r: self.draft(spread(r - n * ctx, n)) for r in row_counts(n * (ctx + 2), n * (ctx + BLOCK))}
 
     def verify(self, rows: list[int]) -> tuple[float, float]:
-        return timed(lambda: target_call(self.target, rows, self.args.context, self.rng), self.args.repeats)
+        return timed(lambda: self.verify_once(rows), TABLE_REPEATS)
 
     def draft(self, blocks: list[int]) -> tuple[float, float]:
-        def call() -> None:
-            draft_call(self.drafter, blocks, self.args.context, self.args.tau_context, self.width, self.rng)
+        return timed(lambda: self.draft_once(blocks), TABLE_REPEATS)
 
-        return timed(call, self.args.repeats)
+    def verify_once(self, rows: list[int]) -> float:
+        """Seconds of one target call, sequence s running rows[s] rows."""
+        start = time.perf_counter()
+        target_call(self.target, rows, self.args.context, self.rng)
+        return time.perf_counter() - start
+
+    def draft_once(self, blocks: list[int]) -> float:
+        """Seconds of one draft call, sequence s running its context rows and a block of blocks[s] rows."""
+        start = time.perf_counter()
+        draft_call(self.drafter, blocks, self.args.context, self.args.tau_context, self.width, self.rng)
+        return time.perf_counter() - start
 
     def speculation(self, host_s: float) -> Speculation:
         """A planner whose cost models hold the measured medians."""
@@ -202,7 +216,7 @@ def main() -> None:
     parser.add_argument("--requests", default="1,4")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--tau-context", type=int, default=4, help="context rows per sequence in a draft call")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds (each times every step once)")
     parser.add_argument("--target-precision", default="f32", help="target inference precision (f32 = exact)")
     parser.add_argument("--workdir", help="keep the random checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
@@ -233,7 +247,7 @@ def main() -> None:
         )
         print(
             f"context {args.context} tokens per sequence; a draft call carries {args.tau_context} context rows per "
-            f"sequence; median of {args.repeats} calls (floor: fastest)",
+            f"sequence; speed-ups: median over {args.repeats} rounds of per-round ratios (floor: fastest calls)",
             flush=True,
         )
         results = [measure(target, drafter, n, args, rng) for n in (int(x) for x in args.requests.split(","))]
@@ -244,32 +258,44 @@ def main() -> None:
 
 
 def measure(target: PagedModel, drafter: BlockDrafter, n: int, args, rng) -> list[dict]:
-    """One concurrency: cost tables, then before / after / floor at every tau."""
+    """One concurrency: cost tables and plans, then rounds timing a plain decode step, a full-block step and every
+    tau's planned step back to back; speed-ups are taken within each round, their median reported."""
     costs = Costs(target, drafter, n, args, rng)
     host_alone, host_spec = host_per_step(n, False), host_per_step(n, True)
     print_costs(costs, host_alone, host_spec)
-    ctx = n * args.tau_context
-    t1, t1_min = costs.target_times[n]
-    tk, tk_min = costs.target_times[n * BLOCK]
-    td, td_min = costs.draft_times[n * (args.tau_context + BLOCK)]
-    rows = []
+    plans = []
     for tau in TAUS:
         a = constant_acceptance(tau)
-        spec = costs.speculation(host_spec)
-        ks, plan_s = plan_seconds(spec, n, a, ctx)
-        spec_tau = float(np.mean([1 + sum(a**j for j in range(1, k + 1)) for k in ks]))
-        verify, _ = costs.verify([k + 1 for k in ks])
-        draft = costs.draft([k + 1 if k else 0 for k in ks])[0] if any(ks) else 0.0
+        ks, plan_s = plan_seconds(costs.speculation(host_spec), n, a, n * args.tau_context)
+        plans.append((tau, a, ks, plan_s, float(np.mean([1 + sum(a**j for j in range(1, k + 1)) for k in ks]))))
+    steps = {"decode": [0] * n, "full": [FULL] * n} | {tau: ks for tau, _, ks, _, _ in plans}
+    times = {name: [] for name in steps}  # name -> [(verify, draft) per round]
+    for r in range(args.repeats + 1):  # round 0 warms every shape up
+        for name, ks in steps.items():
+            verify = costs.verify_once([k + 1 for k in ks])
+            draft = costs.draft_once([k + 1 if k else 0 for k in ks]) if any(ks) else 0.0
+            if r:
+                times[name].append((verify, draft))
+    t1 = np.array([v for v, _ in times["decode"]])  # [rounds]
+    full = np.array([v + d for v, d in times["full"]])
+    rows = []
+    for tau, a, ks, plan_s, tau_k in plans:
+        after = np.array([v + d for v, d in times[tau]])
+        before_x = tau * (t1 + host_alone) / (full + host_spec)
+        after_x = tau_k * (t1 + host_alone) / (after + host_spec + plan_s)
+        verify_min, draft_min = (min(t[i] for t in times["full"]) for i in (0, 1))
+        floor = tau * t1.min() / (verify_min + draft_min + host_spec)
         rows.append(
             {
                 "n": n,
                 "tau": tau,
                 "a": a,
                 "ks": ks,
-                "tau_k": spec_tau,
-                "before": tau * (t1 + host_alone) / (tk + td + host_spec),
-                "after": spec_tau * (t1 + host_alone) / (verify + draft + host_spec + plan_s),
-                "floor": tau * t1_min / (tk_min + td_min + host_spec),
+                "tau_k": tau_k,
+                "before": float(np.median(before_x)),
+                "after": float(np.median(after_x)),
+                "gain": float(np.median(after_x / before_x)),
+                "floor": floor,
                 "plan_ms": plan_s * 1e3,
             }
         )
@@ -289,14 +315,15 @@ def print_costs(costs: Costs, host_alone: float, host_spec: float) -> None:
 def print_table(results: list[list[dict]]) -> None:
     print(
         f"\n{'n':>3} {'tau':>5} {'a':>6} {'k chosen':>10} {'tau(k)':>7} {'plan ms':>8} {'before':>8} {'after':>8} "
-        f"{'floor':>8}"
+        f"{'after/before':>13} {'floor':>8}"
     )
     for row in (r for rows in results for r in rows):
         ks = sorted(set(row["ks"]))
         chosen = str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}"
         print(
             f"{row['n']:>3} {row['tau']:>5.1f} {row['a']:>6.3f} {chosen:>10} {row['tau_k']:>7.2f} "
-            f"{row['plan_ms']:>8.3f} {row['before']:>7.2f}x {row['after']:>7.2f}x {row['floor']:>7.2f}x"
+            f"{row['plan_ms']:>8.3f} {row['before']:>7.2f}x {row['after']:>7.2f}x {row['gain']:>12.2f}x "
+            f"{row['floor']:>7.2f}x"
         )
 
 
