@@ -1,13 +1,24 @@
-"""Cost model at real scale: what one speculative step costs against one plain decode step, and the speed-up implied.
+"""Cost model at real scale: what a speculative step costs against a plain decode step, and the speed-up implied,
+with the old fixed full block and with the adaptive draft length (ovbuild.runtime.speculation).
 
 A random target shaped like Qwen3-4B and a draft shaped like z-lab/Qwen3-4B-DFlash-b16 (int8 weights by default) are
-written locally and built. With n sequences of `--context` tokens each, the script times, side by side:
-the target on 1 row per sequence (a plain decode step), the target on k+1 rows per sequence (verification), the draft
-on its per-row call (tau context rows + one block per sequence), and the host time per scheduler step (Python
-packing and verification, measured on the tiny pair at the same concurrency). It then prints the speed-up these
-costs imply at published acceptance lengths tau (tokens per step):
+written locally and built. With n sequences of `--context` tokens each, the script first times the target on r rows
+per sequence and the draft on `--tau-context` context rows plus a block per sequence, over the row counts the planner
+keeps costs at (the cost tables), and the host time per scheduler step (Python packing and verification, measured on
+the tiny pair at the same concurrency). At published acceptance lengths tau (tokens per step at the full block of 16):
 
-    speed-up(tau) = tau * (target_1 + host_alone) / (target_k+1 + draft + host_spec)
+  before: the draft always runs its full block and the target verifies 15 tokens,
+          x = tau * (t_target(1) + host_alone) / (t_target(16) + t_draft(ctx + 16) + host_spec)
+  after:  each request drafts k = 0..15 tokens (k + 1 target rows, k + 1 block rows, no draft call at k = 0), k
+          chosen by `Speculation.plan` from the cost tables and a per-position acceptance a constant over positions
+          with a + a^2 + ... + a^15 = tau - 1 (so tau(k) = 1 + a + ... + a^k),
+          x = tau(k) * (t_target(1) + host_alone) / (t_target(k + 1) + t_draft(ctx + k + 1) + host_spec + t_plan)
+  floor:  tau * t_target(1) / (t_target(16) + t_draft(ctx + 16) + host_spec), every call at its fastest over the
+          rounds (issue 14's floor of a full block at that tau; the plain decode's host time left out)
+
+The calls in these formulas are timed in rounds, each round running the plain decode step, the full-block step and
+every tau's planned step back to back, so that a busy moment of a shared machine hits all of them; `before`, `after`
+and `after / before` are medians of per-round ratios.
 
     python bench/bench_cost_model.py [--weight-format int8] [--requests 1,4] [--workdir DIR]
 """
@@ -19,6 +30,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +40,11 @@ from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, Speculation
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.families import load_draft
@@ -39,45 +53,56 @@ from ovbuild.weights.target import load_target
 from shapes import QWEN3_4B_DFLASH_B16, write_draft, write_target
 
 TAUS = (5.4, 3.1)  # DFlash on Qwen3-4B, GSM8K and MT-Bench (DSpark paper, table 1)
+BLOCK = QWEN3_4B_DFLASH_B16["dflash_config"]["block_size"]
+FULL = BLOCK - 1  # proposals of a full block (candidate offset 1)
+TABLE_REPEATS = 3  # calls per row count in the cost tables (they only steer the plan)
 
 
-def timed(fn, repeats: int) -> float:
-    """Median wall time of `repeats` calls, after one warm-up call."""
+def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """(median, fastest) wall seconds of `repeats` calls, after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
-def target_call(model: PagedModel, n: int, past: int, rows: int, rng) -> None:
-    """n sequences, each with `rows` new rows after `past` cached tokens (the cache is rolled back every call)."""
-    seqs = [SequenceRows(s, past, rows) for s in range(n)]
+def spread(total: int, n: int) -> list[int]:
+    """`total` rows over n sequences, as evenly as possible."""
+    return [total // n + (s < total % n) for s in range(n)]
+
+
+def target_call(model: PagedModel, rows: list[int], past: int, rng) -> None:
+    """Sequence s runs rows[s] new rows after `past` cached tokens (the cache is rolled back every call)."""
+    seqs = [SequenceRows(s, past, r) for s, r in enumerate(rows)]
+    total = sum(rows)
     model.run(
         seqs,
         {
-            "input_ids": rng.integers(0, 150000, n * rows),
-            "position_ids": np.tile(np.arange(past, past + rows), n),
-            "logits_indices": np.arange(n * rows, dtype=np.int64),
+            "input_ids": rng.integers(0, 150000, total),
+            "position_ids": np.concatenate([np.arange(past, past + r) for r in rows]),
+            "logits_indices": np.arange(total, dtype=np.int64),
         },
     )
 
 
-def draft_call(drafter: BlockDrafter, n: int, past: int, context_rows: int, width: int, rng) -> None:
-    block = drafter.block_size
-    rows = context_rows + block
-    seqs = [SequenceRows(s, past, rows) for s in range(n)]
-    tt = np.tile(np.r_[np.zeros(context_rows, np.int32), np.ones(block, np.int32)], n)
-    candidates = np.concatenate([s * rows + context_rows + np.arange(1, block) for s in range(n)])
+def draft_call(drafter: BlockDrafter, blocks: list[int], past: int, context_rows: int, width: int, rng) -> None:
+    """Sequence s runs `context_rows` context rows then a block of blocks[s] rows (blocks[s] - 1 candidates; 0 = no
+    block, the sequence only hands over its context)."""
+    seqs = [SequenceRows(s, past, context_rows + b) for s, b in enumerate(blocks)]
+    tt = np.concatenate([np.r_[np.zeros(context_rows, np.int32), np.ones(b, np.int32)] for b in blocks])
+    begins = np.cumsum([0] + [s.num_rows for s in seqs])
+    candidates = np.concatenate([begins[s] + context_rows + np.arange(1, b) for s, b in enumerate(blocks)])
+    total = int(begins[-1])
     drafter.model.run(
         seqs,
         {
-            "input_ids": rng.integers(0, 150000, n * rows),
+            "input_ids": rng.integers(0, 150000, total),
             "token_type_ids": tt,
-            "hidden_states": rng.standard_normal((n * rows, width), np.float32),
-            "position_ids": np.tile(np.arange(past, past + rows), n),
+            "hidden_states": rng.standard_normal((total, width), np.float32),
+            "position_ids": np.concatenate([np.arange(past, past + s.num_rows) for s in seqs]),
             "candidate_indices": candidates.astype(np.int64),
         },
     )
@@ -99,17 +124,90 @@ def prefill(model: PagedModel, n: int, past: int, rng, draft: bool = False, widt
 
 
 def host_per_step(n: int, with_draft: bool) -> float:
-    """Host (Python) seconds per scheduler step at concurrency n, measured on the tiny pair."""
+    """Host (Python) seconds per scheduler step at concurrency n on the tiny pair, the draft pinned to full blocks."""
     with tempfile.TemporaryDirectory() as tmp:
         tcfg, tw = load_target(Checkpoint.open(write_tiny_target(Path(tmp) / "t")))
         dcfg, dw = load_draft(Checkpoint.open(write_tiny_dflash(Path(tmp) / "d")))
         target = PagedModel(build_target(tcfg, tw, dcfg.target_layer_ids))
         drafter = BlockDrafter(build_dflash_draft(dcfg, dw, tw)) if with_draft else None
         scheduler = Scheduler(target, drafter)
+        k = drafter.max_candidates if drafter else None
         for s in range(n):
-            scheduler.add_request(list(range(s, s + 32)), GenerationConfig(max_new_tokens=48))
+            scheduler.add_request(list(range(s, s + 32)), GenerationConfig(max_new_tokens=48, num_assistant_tokens=k))
         scheduler.run()
         return scheduler.metrics.host_s / scheduler.metrics.steps
+
+
+def row_counts(lo: int, hi: int) -> list[int]:
+    """The planner's row buckets between lo and hi, and both ends."""
+    return sorted({lo, hi, *(int(b) for b in BUCKETS if lo < b < hi)})
+
+
+def constant_acceptance(tau: float, positions: int = FULL) -> float:
+    """a with a + a^2 + ... + a^positions = tau - 1 (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        lo, hi = (a, hi) if sum(a**j for j in range(1, positions + 1)) < tau - 1 else (lo, a)
+    return (lo + hi) / 2
+
+
+def profile(a: float) -> AcceptanceStats:
+    """Statistics so heavy that the planner's estimate of every position's acceptance is a."""
+    weight = 1e9
+    return AcceptanceStats(np.full(FULL, weight), np.full(FULL, a * weight))
+
+
+class Costs:
+    """The two models at one concurrency: measured call times over row counts, and the calls of any plan."""
+
+    def __init__(self, target: PagedModel, drafter: BlockDrafter, n: int, args, rng):
+        self.target, self.drafter, self.n, self.args, self.rng = target, drafter, n, args, rng
+        self.width = drafter.tap_width
+        for s in range(n):
+            target.cache.allocator.free(s)
+            drafter.model.cache.allocator.free(s)
+        prefill(target, n, args.context, rng)
+        prefill(drafter.model, n, args.context, rng, draft=True, width=self.width)
+        ctx = args.tau_context
+        # target: n rows (no proposal) to n * 16 (full blocks); draft: blocks of 2 rows (k = 1) to full blocks
+        self.target_times = {r: self.verify(spread(r, n)) for r in row_counts(n, n * BLOCK)}
+        self.draft_times = {r: self.draft(spread(r - n * ctx, n)) for r in row_counts(n * (ctx + 2), n * (ctx + BLOCK))}
+
+    def verify(self, rows: list[int]) -> tuple[float, float]:
+        return timed(lambda: self.verify_once(rows), TABLE_REPEATS)
+
+    def draft(self, blocks: list[int]) -> tuple[float, float]:
+        return timed(lambda: self.draft_once(blocks), TABLE_REPEATS)
+
+    def verify_once(self, rows: list[int]) -> float:
+        """Seconds of one target call, sequence s running rows[s] rows."""
+        start = time.perf_counter()
+        target_call(self.target, rows, self.args.context, self.rng)
+        return time.perf_counter() - start
+
+    def draft_once(self, blocks: list[int]) -> float:
+        """Seconds of one draft call, sequence s running its context rows and a block of blocks[s] rows."""
+        start = time.perf_counter()
+        draft_call(self.drafter, blocks, self.args.context, self.args.tau_context, self.width, self.rng)
+        return time.perf_counter() - start
+
+    def speculation(self, host_s: float) -> Speculation:
+        """A planner whose cost models hold the measured medians."""
+        spec = Speculation(FULL, 1)
+        for table, cost in ((self.target_times, spec.target_cost), (self.draft_times, spec.draft_cost)):
+            for rows, (median, _) in table.items():
+                cost.observe(rows, median)
+        spec.host_s = host_s
+        return spec
+
+
+def plan_seconds(spec: Speculation, n: int, a: float, context_rows: int) -> tuple[list[int], float]:
+    """The planner's draft lengths for n requests of acceptance a, and what one plan call costs the host."""
+    free = [(profile(a), FULL) for _ in range(n)]
+    ks = spec.plan(free, n, 0, context_rows, False)
+    median, _ = timed(lambda: spec.plan(free, n, 0, context_rows, False), 20)
+    return ks, median
 
 
 def main() -> None:
@@ -118,12 +216,13 @@ def main() -> None:
     parser.add_argument("--requests", default="1,4")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--tau-context", type=int, default=4, help="context rows per sequence in a draft call")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds (each times every step once)")
     parser.add_argument("--target-precision", default="f32", help="target inference precision (f32 = exact)")
     parser.add_argument("--workdir", help="keep the random checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="ovbuild_cost_"))
     rng = np.random.default_rng(0)
+    print(describe(), flush=True)
     try:
         start = time.perf_counter()
         if not (root / "target" / "config.json").exists():
@@ -146,33 +245,86 @@ def main() -> None:
             f"{args.target_precision} math + f16 cache, draft default math + u8 cache)",
             flush=True,
         )
-        k = QWEN3_4B_DFLASH_B16["dflash_config"]["block_size"] - 1
-        width = dcfg.num_taps * dcfg.target_hidden_size
         print(
-            f"\ncontext {args.context} tokens per sequence; verification k+1 = {k + 1} rows; draft call "
-            f"{args.tau_context} context + {k + 1} block rows per sequence (milliseconds)"
+            f"context {args.context} tokens per sequence; a draft call carries {args.tau_context} context rows per "
+            f"sequence; speed-ups: median over {args.repeats} rounds of per-round ratios (floor: fastest calls)",
+            flush=True,
         )
-        header = f"{'n':>3} {'target 1':>9} {'target k+1':>10} {'draft':>7} {'host alone':>10} {'host spec':>9}"
-        print(header + "".join(f" {'x at tau ' + str(t):>13}" for t in TAUS))
-        for n in (int(x) for x in args.requests.split(",")):
-            for s in range(n):
-                target.cache.allocator.free(s)
-                drafter.model.cache.allocator.free(s)
-            prefill(target, n, args.context, rng)
-            prefill(drafter.model, n, args.context, rng, draft=True, width=width)
-            t1 = timed(lambda n=n: target_call(target, n, args.context, 1, rng), args.repeats)
-            tk = timed(lambda n=n: target_call(target, n, args.context, k + 1, rng), args.repeats)
-            td = timed(lambda n=n: draft_call(drafter, n, args.context, args.tau_context, width, rng), args.repeats)
-            ha, hs = host_per_step(n, False), host_per_step(n, True)
-            speedups = [tau * (t1 + ha) / (tk + td + hs) for tau in TAUS]
-            print(
-                f"{n:>3} {t1 * 1e3:>9.1f} {tk * 1e3:>10.1f} {td * 1e3:>7.1f} {ha * 1e3:>10.2f} {hs * 1e3:>9.2f}"
-                + "".join(f" {s:>12.2f}x" for s in speedups),
-                flush=True,
-            )
+        results = [measure(target, drafter, n, args, rng) for n in (int(x) for x in args.requests.split(","))]
+        print_table(results)
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(target: PagedModel, drafter: BlockDrafter, n: int, args, rng) -> list[dict]:
+    """One concurrency: cost tables and plans, then rounds timing a plain decode step, a full-block step and every
+    tau's planned step back to back; speed-ups are taken within each round, their median reported."""
+    costs = Costs(target, drafter, n, args, rng)
+    host_alone, host_spec = host_per_step(n, False), host_per_step(n, True)
+    print_costs(costs, host_alone, host_spec)
+    plans = []
+    for tau in TAUS:
+        a = constant_acceptance(tau)
+        ks, plan_s = plan_seconds(costs.speculation(host_spec), n, a, n * args.tau_context)
+        plans.append((tau, a, ks, plan_s, float(np.mean([1 + sum(a**j for j in range(1, k + 1)) for k in ks]))))
+    steps = {"decode": [0] * n, "full": [FULL] * n} | {tau: ks for tau, _, ks, _, _ in plans}
+    times = {name: [] for name in steps}  # name -> [(verify, draft) per round]
+    for r in range(args.repeats + 1):  # round 0 warms every shape up
+        for name, ks in steps.items():
+            verify = costs.verify_once([k + 1 for k in ks])
+            draft = costs.draft_once([k + 1 if k else 0 for k in ks]) if any(ks) else 0.0
+            if r:
+                times[name].append((verify, draft))
+    t1 = np.array([v for v, _ in times["decode"]])  # [rounds]
+    full = np.array([v + d for v, d in times["full"]])
+    rows = []
+    for tau, a, ks, plan_s, tau_k in plans:
+        after = np.array([v + d for v, d in times[tau]])
+        before_x = tau * (t1 + host_alone) / (full + host_spec)
+        after_x = tau_k * (t1 + host_alone) / (after + host_spec + plan_s)
+        verify_min, draft_min = (min(t[i] for t in times["full"]) for i in (0, 1))
+        floor = tau * t1.min() / (verify_min + draft_min + host_spec)
+        rows.append(
+            {
+                "n": n,
+                "tau": tau,
+                "a": a,
+                "ks": ks,
+                "tau_k": tau_k,
+                "before": float(np.median(before_x)),
+                "after": float(np.median(after_x)),
+                "gain": float(np.median(after_x / before_x)),
+                "floor": floor,
+                "plan_ms": plan_s * 1e3,
+            }
+        )
+    return rows
+
+
+def print_costs(costs: Costs, host_alone: float, host_spec: float) -> None:
+    def line(table: dict) -> str:
+        return "  ".join(f"{r}:{m * 1e3:.1f}" for r, (m, _) in table.items())
+
+    print(f"\nn = {costs.n}: milliseconds per call by rows (all sequences together)")
+    print(f"  target {line(costs.target_times)}")
+    print(f"  draft  {line(costs.draft_times)}")
+    print(f"  host per step: alone {host_alone * 1e3:.2f}, with the draft {host_spec * 1e3:.2f}", flush=True)
+
+
+def print_table(results: list[list[dict]]) -> None:
+    print(
+        f"\n{'n':>3} {'tau':>5} {'a':>6} {'k chosen':>10} {'tau(k)':>7} {'plan ms':>8} {'before':>8} {'after':>8} "
+        f"{'after/before':>13} {'floor':>8}"
+    )
+    for row in (r for rows in results for r in rows):
+        ks = sorted(set(row["ks"]))
+        chosen = str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}"
+        print(
+            f"{row['n']:>3} {row['tau']:>5.1f} {row['a']:>6.3f} {chosen:>10} {row['tau_k']:>7.2f} "
+            f"{row['plan_ms']:>8.3f} {row['before']:>7.2f}x {row['after']:>7.2f}x {row['gain']:>12.2f}x "
+            f"{row['floor']:>7.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -90,11 +91,31 @@ def test_sampling_options_same_seed_same_output_and_clean_errors(folders, tmp_pa
         assert err.startswith(f"ovbuild: error: {message}") and err.count("\n") == 1
 
 
-def test_demo_on_the_tiny_pair_is_lossless(capsys):
-    assert main(["demo", "--tiny", "--max-new-tokens", "8", "--num-assistant-tokens", "3"]) == 0
-    out = capsys.readouterr().out
+def test_demo_on_the_tiny_pair_is_lossless_and_shows_its_progress(capsys):
+    assert main(["demo", "--tiny", "--max-new-tokens", "8", "--rounds", "2"]) == 0  # the adaptive draft length
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
     assert "outputs identical with and without the draft: yes" in out
-    assert "mean acceptance length" in out and "speed-up, 4 concurrent requests:" in out
+    assert "mean acceptance length" in out and "draft length chosen" in out
+    assert re.search(r"speed-up, 4 concurrent requests: [\d.]+x, median of 2 rounds \(range [\d.]+-[\d.]+x", out)
+    for i in range(1, 5):  # stdout is not a terminal here: labelled blocks, no escape codes
+        assert f"--- prompt {i}\n" in out and f"--- completion {i} (8 tokens, length)\n" in out
+    assert "\x1b" not in out
+    stages = [line.split("] ", 1)[1] for line in err.splitlines() if re.match(r"\[ *[\d.]+ s\] ", line)]
+    assert stages[:5] == [
+        "writing the tiny random pair...",
+        "exporting the target...",
+        "exporting the draft...",
+        "compiling...",
+        "warming up...",
+    ]
+    assert stages[-1] == "done", err
+
+
+def test_demo_refuses_zero_rounds_before_exporting(capsys):
+    assert main(["demo", "--tiny", "--rounds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ovbuild: error: rounds = 0") and err.count("\n") == 1
 
 
 def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(folders):

@@ -42,7 +42,11 @@ def register(subparsers) -> None:
     )
     add_runtime_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--num-assistant-tokens", type=int, help="draft tokens verified per step (default: a full block)")
+    p.add_argument(
+        "--num-assistant-tokens",
+        type=int,
+        help="draft tokens verified per step (default: chosen per request and step from call costs and acceptance)",
+    )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     add_sampling_arguments(p)

@@ -1,0 +1,55 @@
+"""The demo's bookkeeping and rendering, on hand-made metrics: speed-ups taken per round, their median and spread,
+and the completion blocks on and off a terminal."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovbuild.commands.demo import DIM, PLAIN, completion_block
+from ovbuild.demo import Comparison, Round
+from ovbuild.runtime.metrics import RunMetrics
+from ovbuild.runtime.request import GenerationConfig, Request
+
+
+def request(tokens: list[int], text: str = "") -> Request:
+    r = Request(0, [1, 2], GenerationConfig(max_new_tokens=len(tokens)))
+    r.generated, r.text, r.finish_reason = list(tokens), text, "length"
+    return r
+
+
+def metrics(tokens: int, seconds: float) -> RunMetrics:
+    m = RunMetrics(wall_s=seconds)
+    m.requests.num_generated_tokens = tokens
+    return m
+
+
+def round_of(spec_seconds: float, alone_seconds: float, tokens: list[int] = (5, 6)) -> Round:
+    """100 tokens each side: the speed-up is alone_seconds / spec_seconds."""
+    return Round([request(tokens)], [request(tokens)], metrics(100, spec_seconds), metrics(100, alone_seconds))
+
+
+def test_speedup_is_the_median_of_per_round_ratios_and_the_median_round_is_shown():
+    # ratios 2.0, 0.8, 1.25: sorted 0.8, 1.25, 2.0
+    c = Comparison("one", [round_of(0.5, 1.0), round_of(1.0, 0.8), round_of(0.8, 1.0)])
+    assert c.speedups == pytest.approx([2.0, 0.8, 1.25])
+    assert c.speedup == pytest.approx(1.25)
+    assert c.speculative_metrics.wall_s == 0.8 and c.alone_metrics.wall_s == 1.0  # the 1.25 round
+    assert c.identical
+
+
+def test_an_even_count_of_rounds_averages_the_middle_pair_and_shows_the_lower_one():
+    c = Comparison("two", [round_of(0.5, 1.0), round_of(1.0, 1.0)])  # ratios 2.0 and 1.0
+    assert c.speedup == pytest.approx(1.5)
+    assert c.speculative_metrics.wall_s == 1.0  # the round with the lower middle ratio, 1.0
+
+
+def test_a_round_with_other_tokens_is_not_identical():
+    assert not Comparison("x", [round_of(1.0, 1.0), round_of(1.0, 1.0, tokens=[5, 7])]).identical
+
+
+def test_completion_blocks_off_and_on_a_terminal():
+    done = request([7, 8, 9], text="    return 1\n")
+    plain = completion_block(2, "def f():\n", done, dim=False)
+    assert plain == "--- prompt 2\ndef f():\n--- completion 2 (3 tokens, length)\n    return 1\n"
+    terminal = completion_block(2, "def f():\n", done, dim=True)
+    assert terminal == f"--- request 2 (3 tokens, length)\n{DIM}def f():\n{PLAIN}    return 1\n"
