@@ -284,8 +284,8 @@ class Scheduler:
 
     def _draft_step(self) -> None:
         live = [r for r in self.running if r.status is not Status.FINISHED]
-        lengths = self._draft_lengths([r for r in live if r.status is Status.DECODE])
         flush = any(r.pending_rows > FLUSH_ROWS for r in live)
+        lengths = self._draft_lengths([r for r in live if r.status is Status.DECODE], live, flush)
         if not any(lengths.values()) and not flush:
             return  # nobody drafts: no draft call, the taps wait for the next one
         items, owners = [], []
@@ -307,9 +307,10 @@ class Scheduler:
         for request, proposal in zip(owners, proposals, strict=True):
             request.proposal = proposal
 
-    def _draft_lengths(self, decoding: list[Request]) -> dict[int, int]:
+    def _draft_lengths(self, decoding: list[Request], live: list[Request], flush: bool) -> dict[int, int]:
         """Draft tokens each decoding request gets verified next step: its num_assistant_tokens when pinned, else
-        the speculation plan's choice; never more than the tokens it still may generate after the next one."""
+        the speculation plan's choice; never more than the tokens it still may generate after the next one.
+        live: the unfinished requests (a draft call carries their pending taps); flush: a draft call happens anyway."""
         lengths, free = {}, []
         for request in decoding:
             longest = max(0, min(self.drafter.max_candidates, request.remaining - 1))
@@ -323,10 +324,9 @@ class Scheduler:
             pinned_rows = sum(k for k in lengths.values())
             fixed_target = len(decoding) + pinned_rows + self._prefill_rows()
             fixed_draft = sum(self._block_rows(k) for k in lengths.values() if k)
-            context = sum(r.pending_rows for r in self.running)
-            force = any(r.pending_rows > FLUSH_ROWS for r in self.running)
+            context = sum(r.pending_rows for r in live)
             chosen = self.speculation.plan(
-                [(r.acceptance, longest) for r, longest in free], fixed_target, fixed_draft, context, force
+                [(r.acceptance, longest) for r, longest in free], fixed_target, fixed_draft, context, flush
             )
             for (request, longest), k in zip(free, chosen, strict=True):
                 lengths[request.id] = k
@@ -346,9 +346,11 @@ class Scheduler:
 
     def _calibrate(self) -> None:
         """Time a few calls of each model once, on a scratch sequence, before the first plan (the costs are then
-        updated from every call); skipped when either cache lacks the blocks for it."""
-        if self.speculation.calibrated:
+        updated from every call); tried once: when either cache lacks the blocks for it, the costs are learnt from
+        the calls themselves."""
+        if self.speculation.calibrated or self.speculation.calibration_tried:
             return
+        self.speculation.calibration_tried = True
         scratch = -1
         width = self.drafter.tap_width
 
@@ -369,7 +371,7 @@ class Scheduler:
         try:
             self.speculation.calibrate(target_call, draft_call)
         except CacheExhaustedError:
-            pass  # too little free cache now: the costs are learnt from the calls themselves
+            pass
         finally:
             self.target.free(scratch)
             self.drafter.free(scratch)

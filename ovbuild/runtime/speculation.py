@@ -105,6 +105,7 @@ class Speculation:
     target_cost: CallCost = field(default_factory=CallCost)
     draft_cost: CallCost = field(default_factory=CallCost)
     host_s: float = 0.0  # scheduler overhead per step outside the calls (EMA)
+    calibration_tried: bool = False  # calibration runs once, before the first plan (see Scheduler._calibrate)
     run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed
 
     def __post_init__(self):
