@@ -113,6 +113,7 @@ def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, ri
     drafter = SteeredDrafter(BlockDrafter(draft_model, **F32), TINY_TARGET["vocab_size"], wrong_at=None if right else 0)
     drafter.wrong_rate = 0.0 if right else 1.0
     spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5))
+    spec.host_s, spec.observe_host = 1e-4, lambda seconds: None  # measured host time would vary with the machine
     scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec)
     request = scheduler.add_request(prompt, config)
     drafter.truths[request.id] = [*prompt, *expected.generated]
