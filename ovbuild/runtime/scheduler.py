@@ -26,7 +26,7 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
-from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, Speculation, timed
+from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, Speculation, timed
 from ovbuild.runtime.validation import check_prompt, token_ids
 from ovbuild.runtime.verify import verify_sampled
 
@@ -58,6 +58,7 @@ class Scheduler:
         self.finished: list[Request] = []
         self.metrics = RunMetrics()
         self._next_id = 0
+        self._plan_backoff = self._plan_skips = 0  # steps between draft-length plans while nobody drafts
 
     def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
         """Queue a request; it joins the running batch as soon as both caches can hold it."""
@@ -319,7 +320,10 @@ class Scheduler:
                 lengths[request.id] = min(pinned, longest)
             else:
                 free.append((request, longest))
-        if free:
+        if free and self._plan_skips > 0:
+            self._plan_skips -= 1  # the last plan drafted for nobody: the target alone runs, no plan is made
+            lengths.update((request.id, 0) for request, _ in free)
+        elif free:
             self._calibrate()
             pinned_rows = sum(k for k in lengths.values())
             fixed_target = len(decoding) + pinned_rows + self._prefill_rows()
@@ -332,6 +336,9 @@ class Scheduler:
                 lengths[request.id] = k
                 if k == 0 and longest > 0:
                     request.acceptance.fade(IDLE_DECAY)  # what it missed fades: drafting resumes when it pays
+            # While drafting pays for nobody, plan every 2nd, 4th, then 8th step: the plan costs ~10 us per request
+            self._plan_backoff = 0 if any(chosen) else min(2 * self._plan_backoff or 1, MAX_PLAN_BACKOFF)
+            self._plan_skips = self._plan_backoff
         for request in decoding:
             request.metrics.record_draft_length(lengths[request.id])
         return lengths

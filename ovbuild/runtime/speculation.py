@@ -32,6 +32,7 @@ REQUEST_WEIGHT = 4.0  # observations the run-wide estimate is worth in a request
 DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
 IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
 FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
+MAX_PLAN_BACKOFF = 8  # steps without a plan, at most, while the last plans drafted for nobody
 
 
 class CallCost:
