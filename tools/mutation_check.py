@@ -176,8 +176,8 @@ MUTANTS = (
     Mutant(
         "graph-silu-on-up",
         "ovbuild/graph/decoder.py",
-        'ops.multiply(gate, ctx.linear(x, f"{p}.up_proj", cfg.intermediate_size, cfg.hidden_size))',
-        'ops.multiply(ops.swish(gate), ctx.linear(x, f"{p}.up_proj", cfg.intermediate_size, cfg.hidden_size))',
+        "hidden = named(ops.multiply(ops.swish(gate), up),",
+        "hidden = named(ops.multiply(ops.swish(gate), ops.swish(up)),",
         PARITY,
     ),
     Mutant(
