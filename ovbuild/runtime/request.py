@@ -71,8 +71,8 @@ class Request:
     trace: list[dict] = field(default_factory=list)
 
     def add_taps(self, taps: np.ndarray) -> None:
-        """Keep a copy of target taps for the draft (the target's output tensor is overwritten by its next call)."""
-        self.pending_taps.append(taps.copy())
+        """Keep target taps for the draft; `taps` must not be overwritten later (not a view of an output tensor)."""
+        self.pending_taps.append(taps)
         self.pending_rows += len(taps)
 
     def take_taps(self) -> np.ndarray | None:

@@ -187,6 +187,8 @@ class Scheduler:
         greedy = out["greedy_ids"]  # [R], the argmax computed inside the graph
         logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
         hidden = out.get("hidden_states")
+        if hidden is not None and self.drafter is not None:
+            hidden = hidden.copy()  # one copy per call: the requests keep slices of it for the draft
         done, row, logit_row = [], 0, 0
         for request, tokens, want in batch:
             taps = hidden[row : row + len(tokens)] if hidden is not None and self.drafter is not None else None

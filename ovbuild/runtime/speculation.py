@@ -17,6 +17,8 @@ their acceptance chance s_j (across requests); so the search is one sort and a s
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ import numpy as np
 
 # Row counts at which call times are kept: about 1.5x apart, up to a large prefill.
 BUCKETS = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048])
+# A call's bucket is the nearest on a log scale: the edges are the geometric means of neighbouring buckets.
+_BUCKET_EDGES = [float(np.sqrt(a * b)) for a, b in itertools.pairwise(BUCKETS)]
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 PRIOR_ACCEPTANCE = 0.6  # of each position before anything is observed: optimistic enough to try drafting
 PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
@@ -54,7 +58,7 @@ class CallCost:
         """Fold one call's time into the bucket nearest its row count."""
         if rows <= 0:
             return
-        b = int(np.abs(np.log(BUCKETS / rows)).argmin())
+        b = bisect.bisect_left(_BUCKET_EDGES, rows)
         if self.seen[b]:
             a = self.smoothing
             self.rows[b] += a * (rows - self.rows[b])
