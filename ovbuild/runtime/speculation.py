@@ -11,8 +11,10 @@ measured as a function of rows (calibrated once, then updated from every call). 
 runs: a request drafting k tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a
 block of that length), plus its pending context rows, which any draft call carries for every request.
 
-Because every extra proposal adds about one target row and one draft row, the best plan takes proposals in order of
-their acceptance chance s_j (across requests); so the search is one sort and a scan over that order.
+Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
+acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
+candidate offset 0; with offset 1 a request's first proposal costs one more draft row, which the order ignores
+(within 3.3% of the best plan over 200 random cost regimes, tests/test_speculation.py).
 """
 
 from __future__ import annotations
