@@ -22,8 +22,8 @@ F32 = dict(kv_cache_precision="f32")
 
 
 def fixed_cost(seconds_per_call: float, seconds_per_row: float) -> CallCost:
-    """A cost model that every bucket already knows and that calls do not move (smoothing 0)."""
-    cost = CallCost(smoothing=0.0)
+    """A cost model that every bucket already knows and that calls do not move (window 0)."""
+    cost = CallCost(window=0)
     for rows in BUCKETS:
         cost.observe(int(rows), seconds_per_call + seconds_per_row * rows)
     return cost
@@ -86,13 +86,16 @@ def test_plan_follows_the_costs_and_the_acceptance():
     assert cheap.plan([(stats([0.0] * 7), 7)], 1, 0, 0, False) == [0]  # a draft that is always wrong
 
 
-def test_call_cost_interpolates_and_extrapolates():
+def test_call_cost_interpolates_extrapolates_and_resists_spikes():
     cost = CallCost()
     cost.observe(1, 1.0)
     cost.observe(8, 2.0)
     assert cost(np.array([1, 4.5, 8, 15])) == pytest.approx([1.0, 1.5, 2.0, 3.0])
-    cost.observe(8, 4.0)  # smoothing 0.2: the bucket moves a fifth of the way
-    assert cost(8) == pytest.approx(2.4)
+    for seconds in (4.0, 3.0, 5.0):  # bucket 8 holds 2, 4, 3, 5: its estimate is the lower quartile call
+        cost.observe(8, seconds)
+    assert cost(8) == pytest.approx(3.0)
+    cost.observe(4, 9.0)  # a spike on a smaller bucket: capped by the larger one, more rows never look cheaper
+    assert cost(4) == pytest.approx(3.0) and cost(2) <= cost(4) <= cost(8)
 
 
 @pytest.fixture(scope="module")

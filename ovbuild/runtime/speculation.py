@@ -42,13 +42,16 @@ MAX_PLAN_BACKOFF = 8  # steps without a plan, at most, while the last plans draf
 
 
 class CallCost:
-    """Seconds one call takes as a function of its rows: an average per row bucket, interpolated between buckets and
-    extrapolated linearly beyond the last."""
+    """Seconds one call takes as a function of its rows: per row bucket, a low quantile of the recent calls (a
+        shared machine adds spikes, never speed-ups), interpolated between buckets, extrapolated linearly beyond the
+        last, and never decreasing with rows (a bucket that measured a spike is capped by the larger buckets, so that more
+    rows never look cheaper)."""
 
-    def __init__(self, smoothing: float = 0.2):
-        """smoothing: the weight of a new call in its bucket's average (0 = keep the first time seen)."""
-        self.smoothing = smoothing
-        self.rows = np.zeros(len(BUCKETS))  # averaged rows of the calls in each bucket
+    def __init__(self, window: int = 16):
+        """window: recent calls kept per bucket (0: keep the first one seen, for fixed costs in tests)."""
+        self.window = window
+        self.recent: list[list[tuple[int, float]]] = [[] for _ in BUCKETS]
+        self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's estimate
         self.seconds = np.zeros(len(BUCKETS))
         self.seen = np.zeros(len(BUCKETS), bool)
 
@@ -61,20 +64,22 @@ class CallCost:
         if rows <= 0:
             return
         b = bisect.bisect_left(_BUCKET_EDGES, rows)
-        if self.seen[b]:
-            a = self.smoothing
-            self.rows[b] += a * (rows - self.rows[b])
-            self.seconds[b] += a * (seconds - self.seconds[b])
-        else:
-            self.rows[b], self.seconds[b], self.seen[b] = rows, seconds, True
+        recent = self.recent[b]
+        if self.seen[b] and self.window == 0:
+            return
+        recent.append((rows, seconds))
+        del recent[: -max(self.window, 1)]
+        rows_, seconds_ = sorted(recent, key=lambda call: call[1])[len(recent) // 4]  # the lower quartile call
+        self.rows[b], self.seconds[b], self.seen[b] = rows_, seconds_, True
 
     def __call__(self, rows: np.ndarray | int) -> np.ndarray:
         """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
-        x, y = self.rows[self.seen], self.seconds[self.seen]
+        x, y = self.rows[self.seen], self.seconds[self.seen]  # buckets in increasing rows
         if len(x) == 0:
             return np.zeros(np.shape(rows))
         if len(x) == 1:
             return y[0] * np.maximum(np.asarray(rows, np.float64), 1) / x[0]
+        y = np.minimum.accumulate(y[::-1])[::-1]  # no bucket dearer than a larger one: spikes only ever add time
         slope = max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0)
         rows = np.asarray(rows, np.float64)
         return np.where(rows > x[-1], y[-1] + slope * (rows - x[-1]), np.interp(rows, x, y))
