@@ -304,6 +304,20 @@ MUTANTS = (
         PLANNER,
     ),
     Mutant(
+        "speculation-cost-spike-uncapped",
+        "ovbuild/runtime/speculation.py",
+        "y = np.minimum.accumulate(y[::-1])[::-1]",
+        "y = y",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-cost-latest-call-only",
+        "ovbuild/runtime/speculation.py",
+        "sorted(recent, key=lambda call: call[1])[len(recent) // 4]",
+        "recent[-1]",
+        PLANNER,
+    ),
+    Mutant(
         "drafter-full-block-always",
         "ovbuild/runtime/drafters/block.py",
         "block = min(self.block_size, item.num_tokens + self.candidate_offset) if item.anchor is not None else 0",
