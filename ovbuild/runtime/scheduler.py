@@ -21,12 +21,13 @@ from collections.abc import Callable
 import numpy as np
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
+from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
-from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, Speculation, timed
+from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, Speculation
 from ovbuild.runtime.validation import check_prompt, token_ids
 from ovbuild.runtime.verify import verify_sampled
 
@@ -326,7 +327,7 @@ class Scheduler:
             self._plan_skips -= 1  # the last plan drafted for nobody: the target alone runs, no plan is made
             lengths.update((request.id, 0) for request, _ in free)
         elif free:
-            self._calibrate()
+            calibrate(self.speculation, self.target, self.drafter)
             pinned_rows = sum(k for k in lengths.values())
             fixed_target = len(decoding) + pinned_rows + self._prefill_rows()
             fixed_draft = sum(self._block_rows(k) for k in lengths.values() if k)
@@ -352,38 +353,6 @@ class Scheduler:
         """Prompt rows the next target call will run (prefilling requests, within the batch budget)."""
         left = sum(len(r.prompt) - r.target_len for r in self.running if r.status is Status.PREFILL)
         return min(left, self.max_num_batched_tokens)
-
-    def _calibrate(self) -> None:
-        """Time a few calls of each model once, on a scratch sequence, before the first plan (the costs are then
-        updated from every call); tried once: when either cache lacks the blocks for it, the costs are learnt from
-        the calls themselves."""
-        if self.speculation.calibrated or self.speculation.calibration_tried:
-            return
-        self.speculation.calibration_tried = True
-        scratch = -1
-        width = self.drafter.tap_width
-
-        def target_call(rows: int) -> float:
-            ids = np.zeros(rows, np.int64)
-            inputs = {"input_ids": ids, "position_ids": np.arange(rows), "logits_indices": np.arange(rows)}
-            return timed(lambda: self.target.run([SequenceRows(scratch, 0, rows)], inputs))
-
-        def draft_call(rows: int) -> float:
-            k = min(self.drafter.max_candidates, rows - self.drafter.candidate_offset)
-            context_rows = rows - (self._block_rows(k) if k > 0 else 0)
-            context = np.zeros((context_rows, width), np.float32) if context_rows else None
-            item = DraftItem(scratch, context, 0 if k > 0 else None, max(k, 0))
-            seconds = timed(lambda: self.drafter.propose([item]))
-            self.drafter.free(scratch)
-            return seconds
-
-        try:
-            self.speculation.calibrate(target_call, draft_call)
-        except CacheExhaustedError:
-            pass
-        finally:
-            self.target.free(scratch)
-            self.drafter.free(scratch)
 
     def _release(self, request: Request) -> None:
         request.metrics.finish_time = time.perf_counter()

@@ -42,10 +42,9 @@ MAX_PLAN_BACKOFF = 8  # steps without a plan, at most, while the last plans draf
 
 
 class CallCost:
-    """Seconds one call takes as a function of its rows: per row bucket, a low quantile of the recent calls (a
-        shared machine adds spikes, never speed-ups), interpolated between buckets, extrapolated linearly beyond the
-        last, and never decreasing with rows (a bucket that measured a spike is capped by the larger buckets, so that more
-    rows never look cheaper)."""
+    """Seconds one call takes as a function of its rows. Per row bucket: a low quantile of the recent calls (a shared
+    machine adds spikes, never speed-ups); interpolated between buckets, extrapolated linearly beyond the last; never
+    decreasing with rows (a bucket that measured a spike is capped by the larger ones)."""
 
     def __init__(self, window: int = 16):
         """window: recent calls kept per bucket (0: keep the first one seen, for fixed costs in tests)."""
