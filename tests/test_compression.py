@@ -27,7 +27,7 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.reference.weights import ReferenceWeights
-from ovbuild.testing import F32_NMSE, nmse
+from ovbuild.testing import F32_NMSE, nmse, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.dtypes import bf16_to_f32, f32_to_bf16
 from ovbuild.weights.target import load_target
@@ -327,8 +327,13 @@ def test_dynamic_quantization_of_activations_is_bounded_and_off_is_exact(target,
         assert losses[32][0] > 1e-9, f"a CPU with bf16 units did not quantize activations: {losses}"
 
 
-def test_bf16_checkpoint_quantizes_from_its_bits(tiny_target_bf16):
-    cfg, weights = load_target(Checkpoint.open(tiny_target_bf16))
+def test_bf16_checkpoint_quantizes_from_its_bits(tmp_path):
+    """int4 codes made from the bf16 bits match the reference's own dequantized weights. head_dim 16 makes
+    heads * head_dim equal the hidden size, so o_proj is square: a widening that transposed square bf16 tensors
+    (q, k and v are stacked before widening, so only o_proj is square here) would fail."""
+    ckpt = write_tiny_target(tmp_path / "t", dtype="bf16", head_dim=16)
+    cfg, weights = load_target(Checkpoint.open(ckpt))
+    assert cfg.q_size == cfg.hidden_size
     policy = WeightPolicy("int4", sym=True, group_size=32)
     with dynamic_quantization(0):
         model = PagedModel(build_target(cfg, weights, TAPS, policy), kv_cache_precision="f32")
