@@ -3,14 +3,11 @@ call, every cache block is free, the drafter holds no sequence, and the next cal
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import save_ir
-from ovbuild.graph.target import build_target
 from ovbuild.runtime.pipeline import ModelOptions, Pipeline, RuntimeOptions
+
+from export_helpers import write_exported_pair
 
 PROMPTS = ["def add(a, b):", "import os\n", "hello", "x = [1, 2"]
 F32 = ModelOptions("f32", "f32", 4)
@@ -22,13 +19,8 @@ class Boom(Exception):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, tiny_target, target, draft):
-    root = tmp_path_factory.mktemp("exported")
-    (tcfg, tweights), (dcfg, dweights) = target, draft
-    save_ir(build_target(tcfg, tweights, dcfg.target_layer_ids), root / "target" / "openvino_model.xml")
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"):
-        shutil.copy(tiny_target / name, root / "target" / name)
-    save_ir(build_dflash_draft(dcfg, dweights, tweights), root / "draft" / "openvino_model.xml")
-    return Pipeline(root / "target", root / "draft", RuntimeOptions(target=F32, draft=F32))
+    folders = write_exported_pair(tmp_path_factory.mktemp("exported"), tiny_target, target, draft)
+    return Pipeline(*folders, RuntimeOptions(target=F32, draft=F32))
 
 
 @pytest.fixture(scope="module")

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 
 from ovbuild.cli import main
-from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import save_ir
-from ovbuild.graph.target import build_target
+
+from export_helpers import write_exported_pair
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, tiny_target, target, draft):
     """IR folders as an export writes them: target with tokenizer and generation config, draft IR."""
-    root = tmp_path_factory.mktemp("exported")
-    (tcfg, tweights), (dcfg, dweights) = target, draft
-    save_ir(build_target(tcfg, tweights, dcfg.target_layer_ids), root / "target" / "openvino_model.xml")
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"):
-        shutil.copy(tiny_target / name, root / "target" / name)
-    save_ir(build_dflash_draft(dcfg, dweights, tweights), root / "draft" / "openvino_model.xml")
-    return root / "target", root / "draft"
+    return write_exported_pair(tmp_path_factory.mktemp("exported"), tiny_target, target, draft)
 
 
 def generate(folders, tmp_path, *extra):
