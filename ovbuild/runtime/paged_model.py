@@ -8,6 +8,7 @@ import openvino as ov
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
 from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
@@ -75,6 +76,11 @@ class PagedModel:
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
 
     @property
+    def cache_manager(self) -> CacheManager:
+        """The cache's blocks, as the scheduler reserves them."""
+        return self.cache.allocator
+
+    @property
     def vocab_size(self) -> int | None:
         """Width of the `logits` output: the token ids the model knows are 0..vocab_size-1 (None if not static)."""
         port = next((o for o in self.compiled.outputs if o.get_any_name() == "logits"), None)
@@ -88,7 +94,8 @@ class PagedModel:
         return {name: self.request.get_tensor(name).data for name in self.output_names}
 
     def free(self, seq_id: int) -> None:
-        self.cache.allocator.free(seq_id)
+        """Release the sequence's cache blocks."""
+        self.cache_manager.free(seq_id)
 
 
 def block_bytes(compiled: ov.CompiledModel) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.sampling import SamplingParams, sample_rows
 
 
@@ -65,17 +66,11 @@ class Drafter(ABC):
         """Commit each item's context rows and return up to `num_tokens` proposed tokens per item ([] if no anchor);
         a family that samples its proposals for sampling items returns them as `Proposal`s."""
 
+    @property
     @abstractmethod
-    def can_hold(self, seq_id: int, length: int) -> bool:
-        """Whether the draft cache can take a sequence of `length` tokens (plus one block)."""
-
-    @abstractmethod
-    def fits(self, length: int) -> bool:
-        """Whether a sequence of `length` tokens fits the draft cache at all (when every block is free)."""
-
-    @abstractmethod
-    def reserve(self, seq_id: int, length: int) -> None:
-        """Reserve cache blocks for a sequence of `length` tokens (plus one block) up front."""
+    def cache_manager(self) -> CacheManager:
+        """The draft cache, as the scheduler reserves it (one block of rows past a request's tokens, see
+        `Scheduler.budgets`)."""
 
     @abstractmethod
     def free(self, seq_id: int) -> None:

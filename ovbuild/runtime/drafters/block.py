@@ -15,6 +15,7 @@ import openvino as ov
 
 from ovbuild.graph.ir import read_ir
 from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, sampled_proposal
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
@@ -47,14 +48,9 @@ class BlockDrafter(Drafter):
         """Load the draft IR(s) of an exported folder."""
         return cls(read_ir(folder) if model is None else model, **options)
 
-    def can_hold(self, seq_id: int, length: int) -> bool:
-        return self.model.cache.allocator.can_hold(seq_id, length + self.block_size)
-
-    def fits(self, length: int) -> bool:
-        return self.model.cache.allocator.fits(length + self.block_size)
-
-    def reserve(self, seq_id: int, length: int) -> None:
-        self.model.cache.allocator.reserve(seq_id, length + self.block_size)
+    @property
+    def cache_manager(self) -> CacheManager:
+        return self.model.cache_manager
 
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)
