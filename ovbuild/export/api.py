@@ -198,7 +198,7 @@ def open_target(
 ) -> WeightSource | None:
     """The target a draft is exported for, checked against the draft; None when none is given and none is needed
     (the draft carries its own embedding and lm_head, or the IR format does not embed the target's)."""
-    borrows = [n for n in HEAD_TENSORS if not (n in weights.table and weights.has(n))]
+    borrows = [n for n in HEAD_TENSORS if not weights.has(n)]
     if target_model is None:
         if borrows and embeds_target:
             raise ConfigError(
@@ -208,7 +208,7 @@ def open_target(
         return None
     target_ckpt = Checkpoint.open(target_model, cache_dir=cache_dir)
     tcfg, tweights = load_target(target_ckpt)
-    fc_inputs = weights.get("fc").shape[1] if "fc" in weights.table and weights.has("fc") else None
+    fc_inputs = weights.get("fc").shape[1] if weights.has("fc") else None
     check_draft_fits_target(cfg, ckpt.source, tcfg, target_ckpt.source, fc_inputs, embeds_with_target=bool(borrows))
     return tweights
 

@@ -103,4 +103,4 @@ def draft_rt_info(cfg: DraftConfig) -> dict[str, object]:
 
 def owner(draft: WeightSource, target: WeightSource, name: str) -> WeightSource:
     """Drafts borrow the target's embedding and lm_head unless they carry their own (DSpark checkpoints do)."""
-    return draft if name in draft.table and draft.has(name) else target
+    return draft if draft.has(name) else target
