@@ -85,26 +85,26 @@ def sampling_options(args: argparse.Namespace) -> dict:
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     """Device and cache options shared by the commands that run models (defaults: exact target, fast draft)."""
+    from ovbuild.runtime.paged_model import INFERENCE_PRECISIONS, KV_PRECISIONS
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
-    precisions = ["u8", "f16", "bf16", "f32"]
     p.add_argument("--device", default="CPU", help="OpenVINO device (CPU, GPU, ...)")
     p.add_argument(
         "--kv-cache-precision",
         default=EXACT_TARGET.kv_cache_precision,
-        choices=precisions,
+        choices=KV_PRECISIONS,
         help="target KV cache precision (default f16: exact; u8 is smaller but not exactly lossless)",
     )
     p.add_argument(
         "--inference-precision",
         default=EXACT_TARGET.inference_precision,
-        choices=["f32", "bf16", "f16"],
+        choices=INFERENCE_PRECISIONS,
         help="target inference precision (default f32: exact)",
     )
-    p.add_argument("--draft-kv-cache-precision", default=FAST_DRAFT.kv_cache_precision, choices=precisions)
+    p.add_argument("--draft-kv-cache-precision", default=FAST_DRAFT.kv_cache_precision, choices=KV_PRECISIONS)
     p.add_argument(
         "--draft-inference-precision",
-        choices=["f32", "bf16", "f16"],
+        choices=INFERENCE_PRECISIONS,
         help="draft inference precision (default: the device's own)",
     )
     p.add_argument("--cache-mb", type=float, default=EXACT_TARGET.cache_mb, help="target KV cache size in MB")

@@ -12,6 +12,7 @@ from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
+INFERENCE_PRECISIONS = ("f32", "bf16", "f16")  # INFERENCE_PRECISION_HINT values; None = the device default
 
 
 def compile_config(
@@ -52,8 +53,9 @@ class PagedModel:
         device: str = "CPU",
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
-        num_blocks: int | None = None,
+        *,
         cache_mb: float = 256,
+        num_blocks: int | None = None,
         properties: dict[str, str] | None = None,
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes;

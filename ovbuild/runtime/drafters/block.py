@@ -30,6 +30,7 @@ class BlockDrafter(Drafter):
         device: str = "CPU",
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
+        *,
         cache_mb: float = 256,
         num_blocks: int | None = None,
     ):
@@ -39,7 +40,9 @@ class BlockDrafter(Drafter):
         self.target_layer_ids = tuple(int(t) for t in get_rt_info(model, "dflash/target_layer_ids").split(","))
         self.max_candidates = self.block_size - self.candidate_offset
         self.tap_width = model.input("hidden_states").get_partial_shape()[1].get_length()
-        self.model = PagedModel(model, device, kv_cache_precision, inference_precision, num_blocks, cache_mb)
+        self.model = PagedModel(
+            model, device, kv_cache_precision, inference_precision, cache_mb=cache_mb, num_blocks=num_blocks
+        )
         self.committed: dict[int, int] = {}
         self.infer_s = 0.0
 

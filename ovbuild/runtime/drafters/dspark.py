@@ -39,10 +39,13 @@ class DSparkDrafter(BlockDrafter):
         device: str = "CPU",
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
+        *,
         cache_mb: float = 256,
         num_blocks: int | None = None,
     ):
-        super().__init__(model, device, kv_cache_precision, inference_precision, cache_mb, num_blocks)
+        super().__init__(
+            model, device, kv_cache_precision, inference_precision, cache_mb=cache_mb, num_blocks=num_blocks
+        )
         if markov_mode not in MARKOV_MODES:
             raise ConfigError(f"markov_mode '{markov_mode}' is not one of {', '.join(MARKOV_MODES)}")
         if not 0.0 <= confidence_threshold <= 1.0:
