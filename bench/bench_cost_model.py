@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
@@ -47,7 +48,6 @@ from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, Speculation
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 from shapes import QWEN3_4B_DFLASH_B16, write_draft, write_target

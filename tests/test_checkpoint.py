@@ -10,10 +10,10 @@ import pytest
 from safetensors.numpy import save_file
 
 from ovbuild.errors import CheckpointError, TensorError
+from ovbuild.families import load_draft
 from ovbuild.testing import write_tiny_dspark, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.dtypes import bf16_to_f32, f32_to_bf16
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.safetensors_file import SafetensorsFile, write_safetensors
 from ovbuild.weights.tensor import WeightTensor
 

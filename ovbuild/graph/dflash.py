@@ -104,3 +104,10 @@ def draft_rt_info(cfg: DraftConfig) -> dict[str, object]:
 def owner(draft: WeightSource, target: WeightSource, name: str) -> WeightSource:
     """Drafts borrow the target's embedding and lm_head unless they carry their own (DSpark checkpoints do)."""
     return draft if draft.has(name) else target
+
+
+def build_dflash_models(
+    cfg: DraftConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    """The one IR of a DFlash v1 draft folder, keyed by file stem."""
+    return {"openvino_model": build_dflash_draft(cfg, draft, target, policy)}

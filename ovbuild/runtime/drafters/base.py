@@ -43,12 +43,22 @@ def sampled_proposal(item: DraftItem, logits: np.ndarray) -> Proposal:
     return Proposal(tokens, q)
 
 
+@dataclass(frozen=True)
+class DrafterOption:
+    """A constructor option of one family's drafter (RuntimeOptions.draft_options); the CLI offers each as
+    `--name-with-dashes`."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple | None = None
+
+
 class Drafter(ABC):
     """A draft model with its own paged cache. `propose` packs every item into one call and returns proposals."""
 
-    OPTIONS: tuple[
-        str, ...
-    ] = ()  # family-specific constructor options a pipeline may pass (RuntimeOptions.draft_options)
+    OPTIONS: tuple[DrafterOption, ...] = ()  # the family-specific constructor options a pipeline may pass
     target_layer_ids: tuple[int, ...]
     max_candidates: int  # proposals a full block yields
     candidate_offset: int = 1  # block rows before the first candidate row: a block proposing k tokens runs k + this

@@ -18,7 +18,7 @@ import openvino as ov
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ir import core, read_ir
 from ovbuild.graph.rt_info import get_rt_info
-from ovbuild.runtime.drafters.base import DraftItem, sampled_proposal
+from ovbuild.runtime.drafters.base import DrafterOption, DraftItem, sampled_proposal
 from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.lattice import walk
 
@@ -28,7 +28,17 @@ MARKOV_MODES = ("chain", "lattice")
 class DSparkDrafter(BlockDrafter):
     """A DSpark or DeepSpec DFlash draft; markov_mode: chain (exact greedy) or lattice; confidence_threshold 0 = off."""
 
-    OPTIONS = ("markov_mode", "confidence_threshold")
+    OPTIONS = (
+        DrafterOption(
+            "markov_mode", str, "chain", "DSpark: exact greedy chain (default) or the Top-K lattice walk", MARKOV_MODES
+        ),
+        DrafterOption(
+            "confidence_threshold",
+            float,
+            0.0,
+            "DSpark: stop a proposal before the first row whose confidence is below this (0 = off)",
+        ),
+    )
 
     def __init__(
         self,
@@ -62,7 +72,7 @@ class DSparkDrafter(BlockDrafter):
             if markov_mode not in modes:
                 raise UnsupportedError(
                     f"the Markov head IR holds the {' and '.join(modes)} form, not the {markov_mode} (rebuild the "
-                    "head with the lattice: ovbuild.graph.dspark_lattice.build_lattice_markov_head)"
+                    "head with the lattice: ovbuild.graph.dspark.build_lattice_markov_head)"
                 )
             # f32 unless asked otherwise: the head is tiny, and its argmaxes over biased logits must not flip on
             # rounding (the CPU's default inference precision may be bf16).
