@@ -259,6 +259,7 @@ class Scheduler:
     def _commit(self, request: Request, tokens: list[int]) -> None:
         """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
         config = request.config
+        before = len(request.generated)
         for token in tokens:
             if token in config.eos_token_ids:
                 request.finish_reason = "stop"
@@ -268,11 +269,20 @@ class Scheduler:
                 request.finish_reason = "length"
                 break
         if config.stop_strings and self.detokenize is not None:
-            self._check_stop_strings(request)
+            self._check_stop_strings(request, len(request.generated) - before)
         if request.finish_reason is not None:
             request.status = Status.FINISHED
 
-    def _check_stop_strings(self, request: Request) -> None:
+    def _check_stop_strings(self, request: Request, new: int) -> None:
+        stops = request.config.stop_strings
+        # A stop string not seen before ends in the new tokens' text and starts at most len(stop) characters earlier:
+        # at most 4 tokens a character (byte-level tokens), plus slack for a character split at the window's edge.
+        # Decoding only that tail keeps a long generation linear; the whole text is decoded once a stop string shows.
+        window = new + 4 * max(len(s) for s in stops) + 4
+        if len(request.generated) > window:
+            tail = self.detokenize(request.generated[-window:])
+            if not any(s in tail for s in stops):
+                return
         text = self.detokenize(request.generated)
         hits = [i for i in (text.find(s) for s in request.config.stop_strings) if i >= 0]
         if not hits:
