@@ -15,24 +15,30 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import DraftIR, HeadGeometry, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import Output, const, i32, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
 
 
 def build_dflash_draft(
-    cfg: DraftConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy | None = None, layer=decoder_layer
+    cfg: DraftConfig,
+    draft: WeightSource,
+    target: WeightSource,
+    policy: WeightPolicy | None = None,
+    layer=decoder_layer,
+    markov_head: str | None = None,
 ) -> ov.Model:
     """The paged draft IR; embedding and lm_head come from the draft when it carries them, else from `target`.
 
     `layer(ctx, i, x, kv_input, token_type_ids)` builds one layer on the block rows x [Tb, H] (kv_input(u) gives the
-    [T, H] key/value source of every packed row): families that wrap the Qwen3 layer pass theirs.
+    [T, H] key/value source of every packed row): families that wrap the Qwen3 layer pass theirs. `markov_head`: the
+    file stem of the head IR the backbone needs, recorded in its rt_info.
     """
     input_ids = parameter("input_ids", [-1], ov.Type.i64)
     hidden_states = parameter("hidden_states", [-1, cfg.num_taps * cfg.target_hidden_size], ov.Type.f32)
@@ -73,7 +79,7 @@ def build_dflash_draft(
     params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]
     outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids"), result(h, "last_hidden_state")]
     model = ov.Model(outputs, params, f"ovbuild_{cfg.family}_draft")
-    set_rt_info(model, {**draft_rt_info(cfg), **ctx.policy.rt_info()})  # plus how the weights are stored
+    write_rt_info(model, draft_ir(cfg, markov_head=markov_head), ctx.policy.storage())  # and how weights are stored
     return model
 
 
@@ -87,18 +93,21 @@ def logit_transforms(cfg: DraftConfig, logits: Output) -> Output:
     return logits
 
 
-def draft_rt_info(cfg: DraftConfig) -> dict[str, object]:
-    """rt_info of a draft IR: DFlash keys as GenAI names them, plus ovbuild's own description."""
-    return {
-        **common_rt_info("draft", cfg.family, cfg.num_kv_heads, cfg.head_dim),
-        "dflash/block_size": cfg.block_size,
-        "dflash/mask_token_id": cfg.mask_token_id,
-        "dflash/target_layer_ids": list(cfg.target_layer_ids),
-        "dflash/candidate_offset": cfg.candidate_offset,
-        "ovbuild/vocab_size": cfg.vocab_size,
-        "ovbuild/hidden_size": cfg.hidden_size,
-        "ovbuild/target_hidden_size": cfg.target_hidden_size,
-    }
+def draft_ir(cfg: DraftConfig, form: str = "paged", markov_head: str | None = None) -> DraftIR:
+    """What a draft IR of this config records: the DFlash keys as GenAI names them, plus ovbuild's own."""
+    return DraftIR(
+        family=cfg.family,
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        block_size=cfg.block_size,
+        mask_token_id=cfg.mask_token_id,
+        target_layer_ids=tuple(cfg.target_layer_ids),
+        candidate_offset=cfg.candidate_offset,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        target_hidden_size=cfg.target_hidden_size,
+        form=form,
+        markov_head=markov_head,
+    )
 
 
 def owner(draft: WeightSource, target: WeightSource, name: str) -> WeightSource:

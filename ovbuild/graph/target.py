@@ -9,12 +9,12 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import HeadGeometry, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import check_target_layer_ids
 from ovbuild.weights.target import TargetConfig
@@ -51,15 +51,12 @@ def build_target(
         outputs.append(result(hidden, "hidden_states"))
     params = [input_ids, position_ids, *paged.parameters, logits_indices]
     model = ov.Model(outputs, params, "ovbuild_qwen3_target")
-    set_rt_info(
-        model,
-        {
-            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
-            "ovbuild/target_layer_ids": list(target_layer_ids),
-            "ovbuild/vocab_size": cfg.vocab_size,
-            "ovbuild/hidden_size": cfg.hidden_size,
-            "ovbuild/context_length": cfg.context_length,  # the runtime refuses requests longer than this
-            **ctx.policy.rt_info(),  # how the weights are stored
-        },
+    info = TargetIR(
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        target_layer_ids=tuple(target_layer_ids),
+        context_length=cfg.context_length,
     )
+    write_rt_info(model, info, ctx.policy.storage())  # plus how the weights are stored
     return model

@@ -14,14 +14,14 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import WeightStorage, write_rt_info
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, norm
-from ovbuild.graph.dflash import draft_rt_info
+from ovbuild.graph.dflash import draft_ir
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, const, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
@@ -70,7 +70,8 @@ def build_genai_draft(cfg: DraftConfig, weights: WeightSource, policy: WeightPol
     out = ops.unsqueeze(norm(ctx, candidates, "norm"), i64([0]))  # [1, Q - 1, H]
     params = [inputs_embeds, hidden_states, position_ids, attention_mask]
     model = ov.Model([result(out, "last_hidden_state")], attention.sinks, params, f"ovbuild_{cfg.family}_draft_genai")
-    set_rt_info(model, {**draft_rt_info(cfg), "dflash_mode": "True", "ovbuild/form": "genai"})
+    # The GenAI form has always recorded the weight format alone (optimum's sym / group size are not written).
+    write_rt_info(model, draft_ir(cfg, form="genai"), WeightStorage(ctx.policy.weight_format))
     return model
 
 

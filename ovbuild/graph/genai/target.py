@@ -8,23 +8,20 @@ taps, found through the `hidden_states_decoder_layers` rt_info: one [B, S, H] no
 
 from __future__ import annotations
 
-import json
-
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import LOCATORS_KEY as LOCATORS_KEY  # GenAI's locator key, re-exported
+from ovbuild.contract import HeadGeometry, TargetIR, WeightStorage, write_rt_info
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
-
-LOCATORS_KEY = "hidden_states_decoder_layers"
 
 
 def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightPolicy | None = None) -> ov.Model:
@@ -60,16 +57,15 @@ def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightP
         [input_ids, attention_mask, position_ids, beam_idx],
         "ovbuild_qwen3_target_genai",
     )
-    set_rt_info(
-        model,
-        {
-            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
-            LOCATORS_KEY: hidden_state_locators(locators),
-            "ovbuild/form": "genai",
-            "ovbuild/vocab_size": cfg.vocab_size,
-            "ovbuild/hidden_size": cfg.hidden_size,
-        },
+    info = TargetIR(
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        form="genai",
+        hidden_state_locators=locators,
     )
+    # The GenAI form has always recorded the weight format alone (optimum's sym / group size are not written).
+    write_rt_info(model, info, WeightStorage(ctx.policy.weight_format))
     return model
 
 
@@ -81,12 +77,6 @@ def check_genai_target(cfg: TargetConfig) -> None:
             f"target layers {windowed} use a sliding window: OpenVINO GenAI 2026.4's SDPA->PagedAttention conversion "
             "would drop it (it reads windows only from Phi-3 and gpt-oss mask patterns); export the paged form instead"
         )
-
-
-def hidden_state_locators(producers: dict[int, str]) -> str:
-    """The `hidden_states_decoder_layers` JSON: layer id -> producing node (friendly name) and output index."""
-    layers = {str(i): {"producer": name, "output_index": 0} for i, name in sorted(producers.items())}
-    return json.dumps({"layers": layers}, separators=(",", ":"))
 
 
 def _per_sequence(rows: Output, shape: Output, path: str) -> Output:

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
+from ovbuild.contract import MODEL_FILE, DraftIR, MarkovHeadIR
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ir import core, read_ir
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.drafters.base import DraftItem, sampled_proposal
 from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.lattice import walk
@@ -50,12 +50,12 @@ class DSparkDrafter(BlockDrafter):
         self.markov_mode, self.confidence_threshold = markov_mode, confidence_threshold
         self.head = None
         outputs = {o.get_any_name() for o in model.outputs}
-        if head is None and get_rt_info(model, "ovbuild/markov_head"):
-            raise ConfigError("this DSpark draft has a Markov head: pass its IR (openvino_markov_head_model.xml)")
+        if head is None and self.ir.markov_head:
+            raise ConfigError(f"this DSpark draft has a Markov head: pass its IR ({self.ir.markov_head}.xml)")
         if head is None and markov_mode == "lattice":
             raise UnsupportedError("markov_mode 'lattice': this draft has no Markov head (markov_rank 0)")
         if head is not None:
-            modes = get_rt_info(head, "markov_head_mode", "").split(",")
+            modes = MarkovHeadIR.from_model(head).forms
             if markov_mode not in modes:
                 raise UnsupportedError(
                     f"the Markov head IR holds the {' and '.join(modes)} form, not the {markov_mode} (rebuild the "
@@ -73,8 +73,8 @@ class DSparkDrafter(BlockDrafter):
     def from_folder(cls, folder: str | Path, model: ov.Model | None = None, **options) -> DSparkDrafter:
         """The backbone IR and, when the backbone names one, the Markov head IR of an exported folder."""
         model = read_ir(folder) if model is None else model
-        stem = get_rt_info(model, "ovbuild/markov_head")
-        return cls(model, read_ir(Path(folder) / f"{stem}.xml") if stem else None, **options)
+        head = DraftIR.from_model(model, Path(folder) / MODEL_FILE).markov_head_file(folder)
+        return cls(model, read_ir(head) if head else None, **options)
 
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray

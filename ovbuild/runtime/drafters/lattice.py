@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
+from ovbuild.contract import MODEL_FILE, DraftIR
+from ovbuild.errors import ExportError
 from ovbuild.graph.ir import core, read_ir
 from ovbuild.runtime.drafters.base import DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.lattice import greedy_walk
-
-HEAD_FILE = "openvino_markov_head_model.xml"
 
 
 class LatticeDrafter(BlockDrafter):
@@ -30,7 +30,11 @@ class LatticeDrafter(BlockDrafter):
 
     @classmethod
     def from_folder(cls, folder: str | Path, model: ov.Model | None = None, **options) -> LatticeDrafter:
-        return cls(read_ir(folder) if model is None else model, read_ir(Path(folder) / HEAD_FILE), **options)
+        model = read_ir(folder) if model is None else model
+        head = DraftIR.from_model(model, Path(folder) / MODEL_FILE).markov_head_file(folder)
+        if head is None:
+            raise ExportError(f"{Path(folder) / MODEL_FILE}: this DFlash v2 draft names no Markov head IR")
+        return cls(model, read_ir(head), **options)
 
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
