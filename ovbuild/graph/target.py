@@ -11,7 +11,7 @@ import openvino.opset16 as ops
 
 from ovbuild.contract import HeadGeometry, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
+from ovbuild.graph.decoder import decoder_stack, embedding, greedy_ids, lm_head
 from ovbuild.graph.ops import i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
@@ -34,14 +34,8 @@ def build_target(
     ctx = BuildContext(
         cfg, weights, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
     )
-    x = embedding(ctx, weights, input_ids.output(0))  # [T, H]
-    layer_outputs = []
-    for i in range(cfg.num_layers):
-        x = decoder_layer(ctx, i, x)
-        layer_outputs.append(x)
-    h = norm(ctx, x, "norm")  # [T, H]
-    # transformers reports the last layer's output after the final norm; a tap of that layer takes the same.
-    layer_outputs[-1] = h
+    layer_outputs = decoder_stack(ctx, embedding(ctx, weights, input_ids.output(0)))  # [T, H] each
+    h = layer_outputs[-1]  # after the final norm
     picked = named(ops.gather(h, logits_indices, i64(0)), "logits_rows")  # [R, H]
     logits = lm_head(ctx, weights, picked)  # [R, V]
     outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]

@@ -15,7 +15,7 @@ from ovbuild.contract import LOCATORS_KEY as LOCATORS_KEY  # GenAI's locator key
 from ovbuild.contract import HeadGeometry, TargetIR, WeightStorage, write_rt_info
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
+from ovbuild.graph.decoder import decoder_stack, embedding, lm_head
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
@@ -41,15 +41,16 @@ def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightP
     per_sequence = ops.concat([batch_seq, i64([cfg.hidden_size])], 0)  # B, S, H
     x = embedding(ctx, weights, ops.reshape(input_ids, i64([-1]), False).output(0))  # [T, H]
     locators = {}
-    for i in range(cfg.num_layers - 1):
-        tap = _per_sequence(decoder_layer(ctx, i, x), per_sequence, f"layers.{i}/hidden_state")  # [B, S, H]
-        locators[i] = tap.get_node().get_friendly_name()
-        x = ops.reshape(tap, i64([-1, cfg.hidden_size]), False).output(0)  # [T, H]
-    last = cfg.num_layers - 1
-    x = decoder_layer(ctx, last, x)
-    # transformers reports the last layer's output after the final norm; so do the reference and GenAI's exporter.
-    h = _per_sequence(norm(ctx, x, "norm"), per_sequence, "norm/hidden_state")  # [B, S, H]
-    locators[last] = h.get_node().get_friendly_name()
+
+    def tap(i: int, y: Output) -> Output:
+        """Layer i's output goes on through its [B, S, H] view, the node GenAI reads it from."""
+        state = _per_sequence(y, per_sequence, f"layers.{i}/hidden_state")  # [B, S, H]
+        locators[i] = state.get_node().get_friendly_name()
+        return ops.reshape(state, i64([-1, cfg.hidden_size]), False).output(0)  # [T, H]
+
+    states = decoder_stack(ctx, x, tap)
+    h = _per_sequence(states[-1], per_sequence, "norm/hidden_state")  # [B, S, H]: the last layer's, after the norm
+    locators[cfg.num_layers - 1] = h.get_node().get_friendly_name()
     logits = lm_head(ctx, weights, h)  # [B, S, V], the MatMul itself feeds the Result (GenAI grafts its weight)
     model = ov.Model(
         [result(logits, "logits")],
