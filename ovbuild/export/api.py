@@ -121,7 +121,7 @@ def export_target(
     models = stream_build(
         f"target {cfg.architecture}", cfg.num_layers, [weights], job.show, lambda w: build(cfg, w, taps, policy)
     )
-    job.package.save_models(models, provenance(job.ckpt, policy, job.format_name))
+    job.package.save_models(models, provenance(job.ckpt, job.format_name))
     job.package.copy_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     job.package.write_generation_config(cfg.eos_token_ids)
     job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
@@ -144,7 +144,7 @@ def export_draft(
         f"draft {cfg.family}", cfg.num_layers, [weights, target], job.show, lambda w, t: build(cfg, w, t, policy)
     )
     target_ckpt = target.checkpoint if target is not None else None
-    job.package.save_models(models, provenance(job.ckpt, policy, job.format_name, target_ckpt))
+    job.package.save_models(models, provenance(job.ckpt, job.format_name, target_ckpt))
     job.package.copy_files(job.ckpt, CONFIG_FILES)
     return cfg.family, policy
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import openvino as ov
 
+from ovbuild.contract import MODEL_STEM
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.genai.target import build_genai_target
@@ -20,7 +21,7 @@ from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
-# Each returns every IR of the output folder keyed by file stem ("openvino_model", "openvino_markov_head_model").
+# Each returns every IR of the output folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.contract).
 TargetBuilder = Callable[[TargetConfig, WeightSource, tuple[int, ...], WeightPolicy], dict[str, ov.Model]]
 # The target source is None when the draft carries its own embedding and lm_head and no target was given.
 DraftBuilder = Callable[[DraftConfig, WeightSource, WeightSource | None, WeightPolicy], dict[str, ov.Model]]
@@ -43,20 +44,20 @@ class IrFormat:
 def _paged_target(
     cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
 ) -> dict[str, ov.Model]:
-    return {"openvino_model": build_target(cfg, weights, taps, policy)}
+    return {MODEL_STEM: build_target(cfg, weights, taps, policy)}
 
 
 def _genai_target(
     cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
 ) -> dict[str, ov.Model]:
     # GenAI locates every layer's output through rt_info and picks the draft's taps itself at load time.
-    return {"openvino_model": build_genai_target(cfg, weights, policy)}
+    return {MODEL_STEM: build_genai_target(cfg, weights, policy)}
 
 
 def _genai_draft(
     cfg: DraftConfig, draft: WeightSource, target: WeightSource | None, policy: WeightPolicy
 ) -> dict[str, ov.Model]:
-    return {"openvino_model": build_genai_draft(cfg, draft, policy)}
+    return {MODEL_STEM: build_genai_draft(cfg, draft, policy)}
 
 
 IR_FORMATS: dict[str, IrFormat] = {

@@ -12,8 +12,9 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import MARKOV_HEAD_STEM, MODEL_STEM
 from ovbuild.errors import ConfigError
-from ovbuild.graph.dspark import MARKOV_HEAD, MarkovHead, build_dspark_draft, greedy_chain, markov_head_model
+from ovbuild.graph.dspark import MarkovHead, build_dspark_draft, greedy_chain, markov_head_model
 from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import Output, i64, named
 from ovbuild.graph.weights import WeightPolicy
@@ -71,7 +72,7 @@ def build_lattice_markov_head(
     outputs = greedy_chain(head, cfg.block_size) if with_chain else {}
     outputs.update(markov_lattice(head, top_k))
     modes = ["chain", "lattice"] if with_chain else ["lattice"]
-    return markov_head_model(head, outputs, modes, {"dflash/top_k": top_k})
+    return markov_head_model(head, outputs, modes, top_k)
 
 
 def build_dspark_models(
@@ -79,7 +80,7 @@ def build_dspark_models(
 ) -> dict[str, ov.Model]:
     """Every IR of a DSpark draft folder by file stem: the backbone and a head holding both the exact chain (the
     greedy default) and the Top-K lattice; a DeepSpec DFlash draft (markov_rank 0) has no head file."""
-    models = {"openvino_model": build_dspark_draft(cfg, draft, target, policy)}
+    models = {MODEL_STEM: build_dspark_draft(cfg, draft, target, policy)}
     if cfg.markov_rank:
-        models[MARKOV_HEAD] = build_lattice_markov_head(cfg, draft, policy)
+        models[MARKOV_HEAD_STEM] = build_lattice_markov_head(cfg, draft, policy)
     return models

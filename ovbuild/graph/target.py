@@ -9,12 +9,12 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import HeadGeometry, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
+from ovbuild.graph.decoder import decoder_stack, embedding, greedy_ids, lm_head
 from ovbuild.graph.ops import i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import check_target_layer_ids
 from ovbuild.weights.target import TargetConfig
@@ -34,14 +34,8 @@ def build_target(
     ctx = BuildContext(
         cfg, weights, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
     )
-    x = embedding(ctx, weights, input_ids.output(0))  # [T, H]
-    layer_outputs = []
-    for i in range(cfg.num_layers):
-        x = decoder_layer(ctx, i, x)
-        layer_outputs.append(x)
-    h = norm(ctx, x, "norm")  # [T, H]
-    # transformers reports the last layer's output after the final norm; a tap of that layer takes the same.
-    layer_outputs[-1] = h
+    layer_outputs = decoder_stack(ctx, embedding(ctx, weights, input_ids.output(0)))  # [T, H] each
+    h = layer_outputs[-1]  # after the final norm
     picked = named(ops.gather(h, logits_indices, i64(0)), "logits_rows")  # [R, H]
     logits = lm_head(ctx, weights, picked)  # [R, V]
     outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]
@@ -51,15 +45,12 @@ def build_target(
         outputs.append(result(hidden, "hidden_states"))
     params = [input_ids, position_ids, *paged.parameters, logits_indices]
     model = ov.Model(outputs, params, "ovbuild_qwen3_target")
-    set_rt_info(
-        model,
-        {
-            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
-            "ovbuild/target_layer_ids": list(target_layer_ids),
-            "ovbuild/vocab_size": cfg.vocab_size,
-            "ovbuild/hidden_size": cfg.hidden_size,
-            "ovbuild/context_length": cfg.context_length,  # the runtime refuses requests longer than this
-            **ctx.policy.rt_info(),  # how the weights are stored
-        },
+    info = TargetIR(
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        target_layer_ids=tuple(target_layer_ids),
+        context_length=cfg.context_length,
     )
+    write_rt_info(model, info, ctx.policy.storage())  # plus how the weights are stored
     return model

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 
+from ovbuild.contract import gpu_activations_scale_factor
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
@@ -35,10 +35,9 @@ def compile_config(
         # Per-token keys (values are per token already) leave committed rows as they were written: measured exact
         # against the target alone with the same cache, where the default diverged (bench/bench_kv_cache.py).
         config["KEY_CACHE_QUANT_MODE"] = "BY_TOKEN"
-    minimum = get_rt_info(model, "dflash/gpu_min_activations_scale_factor") if model is not None else None
-    if device.upper().startswith("GPU") and minimum is not None:
-        own = get_rt_info(model, "runtime_options/ACTIVATIONS_SCALE_FACTOR", "0")
-        config["ACTIVATIONS_SCALE_FACTOR"] = str(max(float(own), float(minimum)))
+    scale = gpu_activations_scale_factor(model) if model is not None else None
+    if device.upper().startswith("GPU") and scale is not None:
+        config["ACTIVATIONS_SCALE_FACTOR"] = str(scale)
     return config
 
 
