@@ -85,6 +85,7 @@ def target_call(model: PagedModel, rows: list[int], past: int, rng) -> None:
             "position_ids": np.concatenate([np.arange(past, past + r) for r in rows]),
             "logits_indices": np.arange(total, dtype=np.int64),
         },
+        [list(range(r)) for r in rows],  # a hybrid target reports states after every row, as when verifying
     )
 
 
@@ -120,7 +121,11 @@ def prefill(model: PagedModel, n: int, past: int, rng, draft: bool = False, widt
         }
     else:
         inputs["logits_indices"] = np.zeros(0, np.int64)
+    for s in range(n if model.states is not None else 0):
+        model.states.allocate(s)
     model.run(seqs, inputs)
+    for s in range(n if model.states is not None else 0):
+        model.states.keep(s, past - 1)  # later calls start from this state and never keep theirs (rolled back)
 
 
 def host_per_step(n: int, with_draft: bool) -> float:
@@ -165,8 +170,8 @@ class Costs:
         self.target, self.drafter, self.n, self.args, self.rng = target, drafter, n, args, rng
         self.width = drafter.tap_width
         for s in range(n):
-            target.cache.allocator.free(s)
-            drafter.model.cache.allocator.free(s)
+            target.free(s)
+            drafter.model.free(s)
         prefill(target, n, args.context, rng)
         prefill(drafter.model, n, args.context, rng, draft=True, width=self.width)
         ctx = args.tau_context
