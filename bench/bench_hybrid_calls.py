@@ -13,7 +13,7 @@ calls are timed in interleaved rounds (the cache and the states are rolled back 
 
 and the state memory per sequence slot and per verification call.
 
-    python bench/bench_hybrid.py [--weight-format int8] [--requests 1,4] [--context 512] [--k 3,7,15]
+    python bench/bench_hybrid_calls.py [--weight-format int8] [--requests 1,4] [--context 512] [--k 3,7,15]
 """
 
 from __future__ import annotations
