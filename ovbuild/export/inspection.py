@@ -138,6 +138,9 @@ def format_report(report: FolderReport) -> str:
         f"weight format {report.rt('ovbuild/weight_format')}, IR format {report.rt('ovbuild/ir_format')}",
         f"  source {report.rt('ovbuild/source')} @ {report.rt('ovbuild/revision')}",
     ]
+    pattern = report.rt("ovbuild/layer_pattern")
+    if pattern != "?":  # a hybrid target: which layers are linear (L) and which full attention (F)
+        lines.append(f"  layers {pattern} ({pattern.count('L')} linear attention, {pattern.count('F')} full attention)")
     for ir in report.irs:
         lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]
         lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.inputs]

@@ -91,7 +91,7 @@ class HybridReference:
         n = len(token_ids)
         positions = cache.length + np.arange(n)
         cache.row_states = [{} for _ in range(n)] if record_rows else []
-        x = self.embed[np.asarray(token_ids)]
+        x = self.embed[np.asarray(token_ids, np.int64)]
         outputs = []
         for i, kind in enumerate(self.cfg.layer_types):
             u = zero_norm(x, self._get(i, "input_layernorm", (self.cfg.hidden_size,)), self.eps)
