@@ -103,14 +103,16 @@ class PagedModel:
     ) -> dict[str, np.ndarray]:
         """One packed call: rows say which sequences are in it and where they stand; returns every output.
         With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
-        (`states.keep`; None: each sequence's last row)."""
+        (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
+        `state_rows` among `inputs`) keeps the states itself, and the pool is left alone."""
         layout = self.cache.layout(rows)
-        if self.states is not None:
+        pooled = self.states is not None and "state_rows" not in inputs
+        if pooled:
             layout |= self.states.inputs(rows, state_rows)
         # shared, not copied: inputs live until the call returns, outputs are read before the next call
         self.request.infer({**inputs, **layout}, share_inputs=True, share_outputs=True)
         outputs = {name: self.request.get_tensor(name).data for name in self.output_names}
-        if self.states is not None:
+        if pooled:
             self.states.report(outputs)
         return outputs
 
