@@ -78,7 +78,7 @@ def export(
         if kind_of(ckpt) == "target":
             if target_model is not None:
                 raise ConfigError(f"{ckpt.source} is a target: --target-model is only for draft exports")
-            kind, family, policy = "target", "qwen3", export_target(job, target_layer_ids, draft_of, cache_dir)
+            kind, (family, policy) = "target", export_target(job, target_layer_ids, draft_of, cache_dir)
         else:
             if target_layer_ids is not None or draft_of is not None:
                 raise ConfigError(
@@ -109,9 +109,17 @@ class Job:
 
 def export_target(
     job: Job, target_layer_ids: Sequence[int] | None, draft_of: str | Path | None, cache_dir: str | None
-) -> WeightPolicy:
-    """The target IR with its taps, configs and tokenizer, written into the partial folder."""
+) -> tuple[str, WeightPolicy]:
+    """The target IR with its taps, configs and tokenizer, written into the partial folder; returns its family and
+    policy."""
     cfg, weights = load_target(job.ckpt)
+    if cfg.family != "qwen3":
+        log.info(
+            "%s: %s language model only (layers %s); image input is not supported",
+            job.ckpt.source,
+            cfg.family,
+            cfg.layer_pattern,
+        )
     taps = target_taps(cfg, job.ckpt.source, target_layer_ids, draft_of, cache_dir)
     check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     check_target_tokenizer(job.ckpt)
@@ -125,7 +133,7 @@ def export_target(
     job.package.copy_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     job.package.write_generation_config(cfg.eos_token_ids)
     job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
-    return policy
+    return cfg.family, policy
 
 
 def export_draft(

@@ -147,6 +147,9 @@ def format_report(report: FolderReport) -> str:
         f"weight format {shown(main.storage.weight_format)}, IR format {shown(main.origin.ir_format)}",
         f"  source {shown(main.origin.source)} @ {shown(main.origin.revision)}",
     ]
+    pattern = report.rt("ovbuild/layer_pattern")
+    if pattern != "?":  # a hybrid target: which layers are linear (L) and which full attention (F)
+        lines.append(f"  layers {pattern} ({pattern.count('L')} linear attention, {pattern.count('F')} full attention)")
     for ir in report.irs:
         lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]
         lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.inputs]

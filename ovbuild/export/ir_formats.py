@@ -14,10 +14,12 @@ from ovbuild.contract import MODEL_STEM
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.genai.target import build_genai_target
+from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
+from ovbuild.weights.hybrid import HybridTargetConfig
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -44,7 +46,8 @@ class IrFormat:
 def _paged_target(
     cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
 ) -> dict[str, ov.Model]:
-    return {MODEL_STEM: build_target(cfg, weights, taps, policy)}
+    build = build_hybrid_target if isinstance(cfg, HybridTargetConfig) else build_target
+    return {MODEL_STEM: build(cfg, weights, taps, policy)}
 
 
 def _genai_target(

@@ -9,8 +9,13 @@ from ovbuild.contract import gpu_activations_scale_factor
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
+from ovbuild.runtime.state_pool import StatePool, state_specs
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
+# A hybrid target's linear-attention states take slots from the cache budget: enough for this many sequences, but at
+# most STATE_SHARE of the budget (the KV blocks get the rest; admission waits for both).
+DEFAULT_STATE_SLOTS = 32
+STATE_SHARE = 0.5
 
 
 def compile_config(
@@ -53,9 +58,12 @@ class PagedModel:
         num_blocks: int | None = None,
         cache_mb: float = 256,
         properties: dict[str, str] | None = None,
+        state_slots: int | None = None,
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes;
-        `properties` (plugin properties) override ovbuild's own."""
+        `properties` (plugin properties) override ovbuild's own. A model with linear-attention states
+        (`conv_state.*`, `recurrent_state.*` inputs) gets a StatePool of `state_slots` sequences (None: from the
+        budget, see DEFAULT_STATE_SLOTS)."""
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
         try:
             self.compiled = core().compile_model(model, device, config)
@@ -68,8 +76,17 @@ class PagedModel:
                 f"KV cache precision '{kv_cache_precision}' does not compile on {device} ({reason})"
             ) from None
         self.request = self.compiled.create_infer_request()
+        specs = state_specs(self.compiled)
+        budget = cache_mb * 2**20
+        self.states: StatePool | None = None
+        if specs:
+            slot_bytes = StatePool.slot_bytes(specs)
+            if state_slots is None:
+                state_slots = max(1, min(DEFAULT_STATE_SLOTS, int(budget * STATE_SHARE // slot_bytes)))
+            self.states = StatePool(specs, state_slots)
+            budget -= state_slots * slot_bytes
         if num_blocks is None:
-            num_blocks = max(1, int(cache_mb * 2**20 // block_bytes(self.compiled)))
+            num_blocks = max(1, int(budget // block_bytes(self.compiled)))
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
 
@@ -80,14 +97,29 @@ class PagedModel:
         dim = port.get_partial_shape()[-1] if port is not None else None
         return dim.get_length() if dim is not None and dim.is_static else None
 
-    def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One packed call: rows say which sequences are in it and where they stand; returns every output."""
+    def run(
+        self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows: list[list[int]] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One packed call: rows say which sequences are in it and where they stand; returns every output.
+        With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
+        (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
+        `state_rows` among `inputs`) keeps the states itself, and the pool is left alone."""
+        layout = self.cache.layout(rows)
+        pooled = self.states is not None and "state_rows" not in inputs
+        if pooled:
+            layout |= self.states.inputs(rows, state_rows)
         # shared, not copied: inputs live until the call returns, outputs are read before the next call
-        self.request.infer({**inputs, **self.cache.layout(rows)}, share_inputs=True, share_outputs=True)
-        return {name: self.request.get_tensor(name).data for name in self.output_names}
+        self.request.infer({**inputs, **layout}, share_inputs=True, share_outputs=True)
+        outputs = {name: self.request.get_tensor(name).data for name in self.output_names}
+        if pooled:
+            self.states.report(outputs)
+        return outputs
 
     def free(self, seq_id: int) -> None:
+        """Return the sequence's cache blocks (and its state slot)."""
         self.cache.allocator.free(seq_id)
+        if self.states is not None:
+            self.states.free(seq_id)
 
 
 def block_bytes(compiled: ov.CompiledModel) -> int:

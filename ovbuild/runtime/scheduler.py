@@ -6,7 +6,8 @@ Each step:
      prefilling ones (bounded by max_num_batched_tokens);
   3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token
      (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits);
-     the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them;
+     the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them; a hybrid
+     target's linear-attention states are kept from the last accepted row (ovbuild.runtime.state_pool);
   4. the draft length of every decoding request is chosen (pinned by num_assistant_tokens, else by
      ovbuild.runtime.speculation from measured call costs and each request's acceptance; 0 = no draft for it);
   5. one draft call, when any request drafts, packs per request the target taps it has not seen and a block of the
@@ -48,6 +49,7 @@ class Scheduler:
         """max_model_len: the longest prompt + max_new_tokens a request may ask for (None = no limit);
         speculation: the draft-length planner with its cost models (a pipeline keeps one across runs)."""
         self.target, self.drafter = target, drafter
+        self.states = target.states  # a hybrid target's StatePool, else None
         if drafter is not None and speculation is None:
             speculation = Speculation(drafter.max_candidates, drafter.candidate_offset)
         self.speculation = speculation
@@ -151,7 +153,11 @@ class Scheduler:
                 break
             if self.drafter is not None and not self.drafter.can_hold(request.id, request.total_len):
                 break
+            if self.states is not None and not self.states.free_slots:
+                break
             allocator.reserve(request.id, self._target_budget(request))
+            if self.states is not None:
+                self.states.allocate(request.id)
             if self.drafter is not None:
                 self.drafter.reserve(request.id, request.total_len)
             request.status = Status.PREFILL
@@ -165,10 +171,12 @@ class Scheduler:
         batch = self._target_batch()
         if not batch:
             return []
-        rows, ids, positions, wanted = [], [], [], []
+        rows, ids, positions, wanted, state_rows = [], [], [], [], []
         for request, tokens, want in batch:
             begin = len(ids)
             rows.append(SequenceRows(request.id, request.target_len, len(tokens)))
+            # states after every verification row (the last accepted one is kept), after a prompt chunk's last row
+            state_rows.append(list(range(len(tokens))) if request.status is Status.DECODE else [len(tokens) - 1])
             ids.extend(tokens)
             positions.extend(range(request.target_len, request.target_len + len(tokens)))
             wanted.extend(begin + w for w in want)
@@ -180,6 +188,7 @@ class Scheduler:
                 "position_ids": np.array(positions, np.int64),
                 "logits_indices": np.array(wanted, np.int64),
             },
+            state_rows,
         )
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
@@ -223,6 +232,8 @@ class Scheduler:
 
     def _prefilled(self, request: Request, chunk: list[int], taps, greedy: np.ndarray, logits: np.ndarray) -> None:
         request.target_len += len(chunk)
+        if self.states is not None:
+            self.states.keep(request.id, len(chunk) - 1)
         if taps is not None:
             request.add_taps(taps)
         if request.target_len == len(request.prompt):
@@ -253,6 +264,8 @@ class Scheduler:
         if taps is not None:
             request.add_taps(taps[: accepted + 1])
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
+        if self.states is not None:
+            self.states.keep(request.id, accepted)  # the state after row `accepted`: anchor + accepted drafts
         request.proposal = []
         self._commit(request, committed)
 
