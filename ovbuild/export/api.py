@@ -27,7 +27,7 @@ from ovbuild.weights.checkpoint import TOKENIZER_FILES, Checkpoint, read_config
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, check_target_layer_ids
 from ovbuild.weights.families import FAMILIES, detect_family, load_draft
-from ovbuild.weights.target import TARGET_ARCHITECTURES, TargetConfig, load_target
+from ovbuild.weights.target import SUPPORTED_TARGET_ARCHITECTURES, TARGET_ARCHITECTURES, TargetConfig, load_target
 from ovbuild.weights.tensor_names import WeightSource
 
 log = logging.getLogger(__name__)
@@ -166,9 +166,9 @@ def kind_of(ckpt: Checkpoint) -> str:
     if any(arch in family.architectures for family in FAMILIES):
         return "draft"
     drafts = sorted({a for f in FAMILIES for a in f.architectures})
+    targets = ", ".join(SUPPORTED_TARGET_ARCHITECTURES)
     raise UnsupportedError(
-        f"{r.where('architectures')}: unknown architecture {arch!r} (targets: {', '.join(TARGET_ARCHITECTURES)}; "
-        f"drafts: {', '.join(drafts)})"
+        f"{r.where('architectures')}: unknown architecture {arch!r} (targets: {targets}; drafts: {', '.join(drafts)})"
     )
 
 

@@ -35,10 +35,9 @@ class TargetConfig(Backbone):
 QWEN3_ARCHITECTURES = ("Qwen3ForCausalLM",)
 # Every architecture `export` treats as a target: dense Qwen3, and the hybrid Qwen3.5 family (weights/hybrid.py),
 # whose mixture-of-experts relatives are listed so that they fail with a clear message.
+SUPPORTED_TARGET_ARCHITECTURES = (*QWEN3_ARCHITECTURES, "Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
 TARGET_ARCHITECTURES = (
-    *QWEN3_ARCHITECTURES,
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5ForCausalLM",
+    *SUPPORTED_TARGET_ARCHITECTURES,
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
     "Qwen3NextForCausalLM",
@@ -56,7 +55,7 @@ def parse_target_config(config: dict, path: str) -> TargetConfig:
     if arch not in QWEN3_ARCHITECTURES:
         raise UnsupportedError(
             f"{r.where('architectures')}: unknown target architecture {arch!r} "
-            f"(supported: {', '.join(TARGET_ARCHITECTURES[:3])})"
+            f"(supported: {', '.join(SUPPORTED_TARGET_ARCHITECTURES)})"
         )
     eos = r.int_list("eos_token_id", ())
     return TargetConfig(
