@@ -351,6 +351,36 @@ class DFlash2Keys:
         )
 
 
+LAYER_PATTERN_KEY = "ovbuild/layer_pattern"  # a hybrid target's layers, L (linear attention) / F (full), e.g. LLLF
+
+
+@dataclass(frozen=True)
+class HybridKeys:
+    """What a hybrid (Qwen3.5-family) target adds to TargetIR: its layer pattern and the linear-attention geometry
+    the runtime's state pool is sized from."""
+
+    layer_types: tuple[str, ...]
+    layer_pattern: str
+    linear_layers: tuple[int, ...]
+    conv_dim: int
+    conv_kernel: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+
+    def to_rt_info(self) -> dict[str, object]:
+        return {
+            "ovbuild/layer_types": list(self.layer_types),
+            LAYER_PATTERN_KEY: self.layer_pattern,
+            "ovbuild/linear_attention/layers": list(self.linear_layers),
+            "ovbuild/linear_attention/conv_dim": self.conv_dim,
+            "ovbuild/linear_attention/conv_kernel": self.conv_kernel,
+            "ovbuild/linear_attention/num_v_heads": self.num_v_heads,
+            "ovbuild/linear_attention/k_head_dim": self.k_head_dim,
+            "ovbuild/linear_attention/v_head_dim": self.v_head_dim,
+        }
+
+
 @dataclass(frozen=True)
 class DSparkKeys:
     """What a DSpark / DeepSpec DFlash backbone adds to DraftIR: its Markov head's rank (0: none) and type."""

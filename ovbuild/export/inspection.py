@@ -12,7 +12,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.contract import MODEL_FILE, TOKENIZER_IRS, Identity, Provenance, WeightStorage
+from ovbuild.contract import LAYER_PATTERN_KEY, MODEL_FILE, TOKENIZER_IRS, Identity, Provenance, WeightStorage
 from ovbuild.errors import ExportError
 from ovbuild.export.progress import human_size
 from ovbuild.graph.ir import core, read_ir
@@ -147,8 +147,8 @@ def format_report(report: FolderReport) -> str:
         f"weight format {shown(main.storage.weight_format)}, IR format {shown(main.origin.ir_format)}",
         f"  source {shown(main.origin.source)} @ {shown(main.origin.revision)}",
     ]
-    pattern = report.rt("ovbuild/layer_pattern")
-    if pattern != "?":  # a hybrid target: which layers are linear (L) and which full attention (F)
+    pattern = main.rt_info.get(LAYER_PATTERN_KEY)
+    if pattern:  # a hybrid target: which layers are linear (L) and which full attention (F)
         lines.append(f"  layers {pattern} ({pattern.count('L')} linear attention, {pattern.count('F')} full attention)")
     for ir in report.irs:
         lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]

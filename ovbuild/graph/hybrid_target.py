@@ -12,6 +12,7 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import HeadGeometry, HybridKeys, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import embedding, greedy_ids, lm_head, mlp
 from ovbuild.graph.gated_attention import gated_attention, zero_centered_norm
@@ -19,7 +20,6 @@ from ovbuild.graph.gated_delta import gated_delta_net, step_grid
 from ovbuild.graph.ops import i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import check_target_layer_ids
 from ovbuild.weights.hybrid import HybridTargetConfig
@@ -76,25 +76,28 @@ def build_hybrid_target(
         outputs.append(result(hidden, "hidden_states"))
     params = [input_ids, position_ids, *paged.parameters, logits_indices, state_rows, *state_inputs]
     model = ov.Model([*outputs, *state_outputs], params, "ovbuild_qwen3_5_target")
-    set_rt_info(model, hybrid_rt_info(cfg, target_layer_ids, ctx.policy))
+    write_rt_info(model, *hybrid_rt_info(cfg, target_layer_ids), ctx.policy.storage())
     return model
 
 
-def hybrid_rt_info(cfg: HybridTargetConfig, taps: tuple[int, ...], policy: WeightPolicy) -> dict[str, object]:
-    """The Qwen3 target's rt_info plus the layer pattern and what the runtime needs to size the state pool."""
-    return {
-        **common_rt_info("target", cfg.family, cfg.num_kv_heads, cfg.head_dim),
-        "ovbuild/target_layer_ids": list(taps),
-        "ovbuild/vocab_size": cfg.vocab_size,
-        "ovbuild/hidden_size": cfg.hidden_size,
-        "ovbuild/context_length": cfg.context_length,
-        "ovbuild/layer_types": list(cfg.layer_types),
-        "ovbuild/layer_pattern": cfg.layer_pattern,
-        "ovbuild/linear_attention/layers": list(cfg.linear_layers),
-        "ovbuild/linear_attention/conv_dim": cfg.conv_dim,
-        "ovbuild/linear_attention/conv_kernel": cfg.linear_conv_kernel_dim,
-        "ovbuild/linear_attention/num_v_heads": cfg.linear_num_value_heads,
-        "ovbuild/linear_attention/k_head_dim": cfg.linear_key_head_dim,
-        "ovbuild/linear_attention/v_head_dim": cfg.linear_value_head_dim,
-        **policy.rt_info(),
-    }
+def hybrid_rt_info(cfg: HybridTargetConfig, taps: tuple[int, ...]) -> tuple[TargetIR, HybridKeys]:
+    """The Qwen3 target's contract plus the layer pattern and what the runtime needs to size the state pool."""
+    target = TargetIR(
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        target_layer_ids=tuple(taps),
+        context_length=cfg.context_length,
+        family=cfg.family,
+    )
+    hybrid = HybridKeys(
+        layer_types=tuple(cfg.layer_types),
+        layer_pattern=cfg.layer_pattern,
+        linear_layers=tuple(cfg.linear_layers),
+        conv_dim=cfg.conv_dim,
+        conv_kernel=cfg.linear_conv_kernel_dim,
+        num_v_heads=cfg.linear_num_value_heads,
+        k_head_dim=cfg.linear_key_head_dim,
+        v_head_dim=cfg.linear_value_head_dim,
+    )
+    return target, hybrid
