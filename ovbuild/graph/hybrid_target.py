@@ -14,12 +14,13 @@ import openvino.opset16 as ops
 
 from ovbuild.contract import HeadGeometry, HybridKeys, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import embedding, greedy_ids, lm_head, mlp
+from ovbuild.graph.decoder import embedding, mlp
 from ovbuild.graph.gated_attention import gated_attention, zero_centered_norm
 from ovbuild.graph.gated_delta import gated_delta_net, step_grid
-from ovbuild.graph.ops import i64, named, parameter, result
+from ovbuild.graph.ops import named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.target import target_outputs
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import check_target_layer_ids
 from ovbuild.weights.hybrid import HybridTargetConfig
@@ -67,13 +68,7 @@ def build_hybrid_target(
         layer_outputs.append(x)
     h = zero_centered_norm(ctx, x, "norm", cfg.hidden_size)  # [T, H]
     layer_outputs[-1] = h  # the last layer's tap is taken after the final norm, as transformers reports it
-    picked = named(ops.gather(h, logits_indices, i64(0)), "logits_rows")  # [R, H]
-    logits = lm_head(ctx, weights, picked)  # [R, V]
-    outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]
-    if target_layer_ids:
-        taps = [layer_outputs[t] for t in target_layer_ids]
-        hidden = taps[0] if len(taps) == 1 else named(ops.concat(taps, -1), "hidden_states/concat")  # [T, n * H]
-        outputs.append(result(hidden, "hidden_states"))
+    outputs = target_outputs(ctx, weights, layer_outputs, logits_indices.output(0), target_layer_ids)
     params = [input_ids, position_ids, *paged.parameters, logits_indices, state_rows, *state_inputs]
     model = ov.Model([*outputs, *state_outputs], params, "ovbuild_qwen3_5_target")
     write_rt_info(model, *hybrid_rt_info(cfg, target_layer_ids), ctx.policy.storage())

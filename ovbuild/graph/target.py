@@ -12,7 +12,7 @@ import openvino.opset16 as ops
 from ovbuild.contract import HeadGeometry, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_stack, embedding, greedy_ids, lm_head
-from ovbuild.graph.ops import i64, named, parameter, result
+from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.weights import WeightPolicy
@@ -35,14 +35,7 @@ def build_target(
         cfg, weights, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
     )
     layer_outputs = decoder_stack(ctx, embedding(ctx, weights, input_ids.output(0)))  # [T, H] each
-    h = layer_outputs[-1]  # after the final norm
-    picked = named(ops.gather(h, logits_indices, i64(0)), "logits_rows")  # [R, H]
-    logits = lm_head(ctx, weights, picked)  # [R, V]
-    outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]
-    if target_layer_ids:
-        taps = [layer_outputs[t] for t in target_layer_ids]
-        hidden = taps[0] if len(taps) == 1 else named(ops.concat(taps, -1), "hidden_states/concat")  # [T, n * H]
-        outputs.append(result(hidden, "hidden_states"))
+    outputs = target_outputs(ctx, weights, layer_outputs, logits_indices.output(0), target_layer_ids)
     params = [input_ids, position_ids, *paged.parameters, logits_indices]
     model = ov.Model(outputs, params, "ovbuild_qwen3_target")
     info = TargetIR(
@@ -54,3 +47,22 @@ def build_target(
     )
     write_rt_info(model, info, ctx.policy.storage())  # plus how the weights are stored
     return model
+
+
+def target_outputs(
+    ctx: BuildContext,
+    weights: WeightSource,
+    layer_outputs: list[Output],
+    logits_indices: Output,
+    target_layer_ids: tuple[int, ...],
+) -> list[ov.Node]:
+    """A target's results from its layers' hidden states (the last one after the final norm): logits and greedy ids of
+    the `logits_indices` rows, and the taps of `target_layer_ids` concatenated as hidden_states."""
+    picked = named(ops.gather(layer_outputs[-1], logits_indices, i64(0)), "logits_rows")  # [R, H]
+    logits = lm_head(ctx, weights, picked)  # [R, V]
+    outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]
+    if target_layer_ids:
+        taps = [layer_outputs[t] for t in target_layer_ids]
+        hidden = taps[0] if len(taps) == 1 else named(ops.concat(taps, -1), "hidden_states/concat")  # [T, n * H]
+        outputs.append(result(hidden, "hidden_states"))
+    return outputs
