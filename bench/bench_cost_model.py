@@ -20,7 +20,12 @@ The calls in these formulas are timed in rounds, each round running the plain de
 every tau's planned step back to back, so that a busy moment of a shared machine hits all of them; `before`, `after`
 and `after / before` are medians of per-round ratios.
 
-    python bench/bench_cost_model.py [--weight-format int8] [--requests 1,4] [--workdir DIR]
+`--shape qwen3.6-scaled` runs the same with a hybrid target (bench/shapes.py: QWEN36_SCALED, Qwen3.6-27B's layer
+pattern and head widths scaled to this machine) and a DFlash draft for it, the host time taken on the tiny hybrid
+pair; the verification calls then report the linear-attention states after every row, as the scheduler's do.
+
+    python bench/bench_cost_model.py [--shape qwen3-4b|qwen3.6-scaled] [--weight-format int8] [--requests 1,4]
+                                     [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -47,15 +52,26 @@ from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, Speculation
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
+from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
 
-from shapes import QWEN3_4B_DFLASH_B16, write_draft, write_target
+from shapes import QWEN3_4B_DFLASH_B16, QWEN36_SCALED_DFLASH, write_draft, write_hybrid_target, write_target
 
 TAUS = (5.4, 3.1)  # DFlash on Qwen3-4B, GSM8K and MT-Bench (DSpark paper, table 1)
 BLOCK = QWEN3_4B_DFLASH_B16["dflash_config"]["block_size"]
 FULL = BLOCK - 1  # proposals of a full block (candidate offset 1)
 TABLE_REPEATS = 3  # calls per row count in the cost tables (they only steer the plan)
+# --shape: (write the real-scale target, write its draft, write the tiny target and draft the host time is taken on)
+SHAPES = {
+    "qwen3-4b": (write_target, write_draft, write_tiny_target, write_tiny_dflash),
+    "qwen3.6-scaled": (
+        write_hybrid_target,
+        lambda folder: write_draft(folder, QWEN36_SCALED_DFLASH, QWEN36_SCALED_DFLASH["hidden_size"]),
+        write_tiny_hybrid_target,
+        write_tiny_hybrid_dflash,
+    ),
+}
 
 
 def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -85,6 +101,7 @@ def target_call(model: PagedModel, rows: list[int], past: int, rng) -> None:
             "position_ids": np.concatenate([np.arange(past, past + r) for r in rows]),
             "logits_indices": np.arange(total, dtype=np.int64),
         },
+        [list(range(r)) for r in rows],  # a hybrid target reports states after every row, as when verifying
     )
 
 
@@ -120,14 +137,19 @@ def prefill(model: PagedModel, n: int, past: int, rng, draft: bool = False, widt
         }
     else:
         inputs["logits_indices"] = np.zeros(0, np.int64)
+    for s in range(n if model.states is not None else 0):
+        model.states.allocate(s)
     model.run(seqs, inputs)
+    for s in range(n if model.states is not None else 0):
+        model.states.keep(s, past - 1)  # later calls start from this state and never keep theirs (rolled back)
 
 
-def host_per_step(n: int, with_draft: bool) -> float:
+def host_per_step(n: int, with_draft: bool, shape: str = "qwen3-4b") -> float:
     """Host (Python) seconds per scheduler step at concurrency n on the tiny pair, the draft pinned to full blocks."""
+    write_tiny_t, write_tiny_d = SHAPES[shape][2:]
     with tempfile.TemporaryDirectory() as tmp:
-        tcfg, tw = load_target(Checkpoint.open(write_tiny_target(Path(tmp) / "t")))
-        dcfg, dw = load_draft(Checkpoint.open(write_tiny_dflash(Path(tmp) / "d")))
+        tcfg, tw = load_target(Checkpoint.open(write_tiny_t(Path(tmp) / "t")))
+        dcfg, dw = load_draft(Checkpoint.open(write_tiny_d(Path(tmp) / "d")))
         target = PagedModel(build_target(tcfg, tw, dcfg.target_layer_ids))
         drafter = BlockDrafter(build_dflash_draft(dcfg, dw, tw)) if with_draft else None
         scheduler = Scheduler(target, drafter)
@@ -165,8 +187,8 @@ class Costs:
         self.target, self.drafter, self.n, self.args, self.rng = target, drafter, n, args, rng
         self.width = drafter.tap_width
         for s in range(n):
-            target.cache.allocator.free(s)
-            drafter.model.cache.allocator.free(s)
+            target.free(s)
+            drafter.model.free(s)
         prefill(target, n, args.context, rng)
         prefill(drafter.model, n, args.context, rng, draft=True, width=self.width)
         ctx = args.tau_context
@@ -212,6 +234,7 @@ def plan_seconds(spec: Speculation, n: int, a: float, context_rows: int) -> tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
     parser.add_argument("--weight-format", default="int8")
     parser.add_argument("--requests", default="1,4")
     parser.add_argument("--context", type=int, default=512)
@@ -226,8 +249,8 @@ def main() -> None:
     try:
         start = time.perf_counter()
         if not (root / "target" / "config.json").exists():
-            write_target(root / "target")
-            write_draft(root / "draft")
+            SHAPES[args.shape][0](root / "target")
+            SHAPES[args.shape][1](root / "draft")
         print(f"checkpoints ready in {time.perf_counter() - start:.0f} s ({root})", flush=True)
         policy = WeightPolicy(args.weight_format)
         tcfg, tw = load_target(Checkpoint.open(root / "target"))
@@ -261,7 +284,7 @@ def measure(target: PagedModel, drafter: BlockDrafter, n: int, args, rng) -> lis
     """One concurrency: cost tables and plans, then rounds timing a plain decode step, a full-block step and every
     tau's planned step back to back; speed-ups are taken within each round, their median reported."""
     costs = Costs(target, drafter, n, args, rng)
-    host_alone, host_spec = host_per_step(n, False), host_per_step(n, True)
+    host_alone, host_spec = host_per_step(n, False, args.shape), host_per_step(n, True, args.shape)
     print_costs(costs, host_alone, host_spec)
     plans = []
     for tau in TAUS:

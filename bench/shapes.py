@@ -1,8 +1,9 @@
 """Real-scale shapes for benchmarks, and random bf16 checkpoints of them written a tensor at a time.
 
 QWEN3_4B is shaped like Qwen/Qwen3-4B (36 layers, hidden 2560, tied embedding), QWEN3_4B_DFLASH_B16 like
-z-lab/Qwen3-4B-DFlash-b16 (5 layers, block 16, taps [1, 9, 17, 25, 33]). Values are random: timing and memory do
-not depend on them.
+z-lab/Qwen3-4B-DFlash-b16 (5 layers, block 16, taps [1, 9, 17, 25, 33]). QWEN36_SCALED is Qwen/Qwen3.6-27B's
+hybrid geometry scaled to fit a small machine (below), QWEN36_SCALED_DFLASH a DFlash v1 draft for it. Values are
+random: timing and memory do not depend on them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from ovbuild.testing import TINY_DRAFT, TINY_TARGET
 from ovbuild.testing.tiny import layer_shapes
+from ovbuild.testing.tiny_hybrid import TINY_HYBRID_TEXT_ONLY, hybrid_layer_shapes
 from ovbuild.weights.dtypes import f32_to_bf16
 from ovbuild.weights.safetensors_file import write_safetensors
 from ovbuild.weights.tensor import WeightTensor
@@ -45,6 +47,56 @@ QWEN3_4B_DFLASH_B16 = {
     "layer_types": ["full_attention"] * 5,
     "num_target_layers": 36,
     "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33], "block_size": 16},
+}
+
+
+# Qwen/Qwen3.6-27B (text): 64 layers, 3 linear-attention (Gated DeltaNet) : 1 full attention, hidden 5120, linear
+# attention 16 key heads / 48 value heads of 128, conv kernel 4, full attention 24 query / 4 KV heads of 256 (output
+# gate, partial RoPE), MLP 17408, vocabulary 248320. Scaled: 16 layers in the same 3:1 pattern, hidden 2048, heads
+# per layer cut by 2-3x at the same head widths (so each head's state and attention work is Qwen3.6's), MLP 6912;
+# the vocabulary is kept (the lm_head is then a larger share of a decode than at 27B).
+QWEN36_SCALED = {
+    **TINY_HYBRID_TEXT_ONLY,
+    "vocab_size": 248320,
+    "hidden_size": 2048,
+    "intermediate_size": 6912,
+    "num_hidden_layers": 16,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 8,
+    "linear_num_value_heads": 24,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 248044,
+    "bos_token_id": 248044,
+}
+QWEN36_SCALED_DFLASH = {
+    **TINY_DRAFT,
+    "vocab_size": 248320,
+    "hidden_size": 2048,
+    "intermediate_size": 6912,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "rope_theta": 10000000.0,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+    "num_hidden_layers": 5,
+    "layer_types": ["full_attention"] * 5,
+    "num_target_layers": 16,
+    "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 4, 8, 11, 14], "block_size": 16},
 }
 
 
@@ -96,4 +148,18 @@ def write_draft(folder: Path, config: dict = QWEN3_4B_DFLASH_B16, target_hidden:
     )
     for i in range(config["num_hidden_layers"]):
         write_part(folder, f"layer-{i}", {f"layers.{i}.{n}.weight": s for n, s in layer_shapes(config).items()}, rng)
+    return folder
+
+
+def write_hybrid_target(folder: Path, config: dict = QWEN36_SCALED, seed: int = 0) -> Path:
+    """A random text-only Qwen3.5-family target (flat config, tensors under `model.`), one file per layer."""
+    rng = np.random.default_rng(seed)
+    write_config(folder, config)
+    table = (config["vocab_size"], config["hidden_size"])
+    write_part(folder, "tables", {"model.embed_tokens.weight": table, "model.norm.weight": table[1:]}, rng)
+    if not config["tie_word_embeddings"]:
+        write_part(folder, "lm_head", {"lm_head.weight": table}, rng)
+    for i, layer_type in enumerate(config["layer_types"]):
+        shapes = {f"model.layers.{i}.{n}": s for n, s in hybrid_layer_shapes(config, layer_type).items()}
+        write_part(folder, f"layer-{i}", shapes, rng)
     return folder

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import openvino as ov
 
+from ovbuild.contract import MODEL_STEM
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.dflash import build_dflash_models
 from ovbuild.graph.dflash2 import build_dflash2_models
@@ -38,7 +39,7 @@ from ovbuild.weights.families.dspark import LAYOUT as DSPARK_LAYOUT
 from ovbuild.weights.families.dspark import DSparkConfig
 from ovbuild.weights.tensor_names import WeightSource
 
-# Every IR of a draft folder keyed by file stem ("openvino_model", "openvino_markov_head_model"). The target source
+# Every IR of a draft folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.contract). The target source
 # is None when the draft carries its own embedding and lm_head, or the IR format does not embed the target's.
 DraftBuilder = Callable[[DraftConfig, WeightSource, WeightSource | None, WeightPolicy], dict[str, ov.Model]]
 
@@ -59,7 +60,7 @@ class Family:
 def _genai_draft(
     cfg: DraftConfig, draft: WeightSource, target: WeightSource | None, policy: WeightPolicy
 ) -> dict[str, ov.Model]:
-    return {"openvino_model": build_genai_draft(cfg, draft, policy)}
+    return {MODEL_STEM: build_genai_draft(cfg, draft, policy)}
 
 
 DFLASH = Family(

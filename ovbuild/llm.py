@@ -41,7 +41,7 @@ class LLM:
         elif option_fields:
             raise ConfigError("LLM: pass either options= or runtime option keywords, not both")
         self.pipeline = Pipeline(target_dir, draft_dir, options)
-        self.limits = PromptLimits.from_folder(target_dir)
+        self.limits = PromptLimits.from_pipeline(self.pipeline)
         self.config = GenerationConfig(eos_token_ids=self.pipeline.eos_token_ids)  # the model's defaults
 
     def generate(

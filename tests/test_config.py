@@ -123,3 +123,9 @@ def test_yarn_rope_keeps_high_frequencies_and_scales_low_ones():
 def test_unsupported_rope_type_is_refused():
     with pytest.raises(UnsupportedError, match="rope type 'dynamic' is not supported"):
         parse_target_config({**TINY_TARGET, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "t")
+
+
+def test_a_scaled_rope_without_its_factor_is_refused():
+    for scaling in ({"rope_type": "linear"}, {"rope_type": "llama3", "original_max_position_embeddings": 64}):
+        with pytest.raises(ConfigError, match=r"t: key 'rope_scaling\.factor' is needed"):
+            parse_target_config({**TINY_TARGET, "rope_scaling": scaling}, "t")

@@ -61,6 +61,9 @@ TARGET_CASES = {
     "yarn legacy type key, attention_factor, original from max_position_embeddings": dict(
         max_position_embeddings=48, rope_scaling={"type": "yarn", "factor": 2.0, "attention_factor": 1.3}
     ),
+    "yarn without factor: the stretch max_position_embeddings / original": dict(
+        max_position_embeddings=256, rope_scaling={"rope_type": "yarn", "original_max_position_embeddings": 64}
+    ),
     "linear": dict(rope_scaling={"type": "linear", "factor": 3.0}),
     "llama3": dict(
         rope_scaling={
@@ -104,7 +107,8 @@ def test_target_config_matches_reference(case, tmp_path):
 def test_config_cases_reach_their_branches():
     """The cases above really take the branches they name (a case falling back to defaults would prove nothing)."""
     seen = {c: parse_target_config({**TINY_TARGET, **TWO_LAYERS, **o}, "t") for c, o in TARGET_CASES.items()}
-    assert [c.rope.rope_type for c in seen.values()][:5] == ["yarn", "yarn", "yarn", "linear", "llama3"]
+    assert [c.rope.rope_type for c in seen.values()][:6] == ["yarn", "yarn", "yarn", "yarn", "linear", "llama3"]
+    assert seen["yarn without factor: the stretch max_position_embeddings / original"].rope.factor == 4.0
     assert not seen["yarn rope_parameters, mscale, no truncation"].rope.truncate
     assert seen["eps 0.1, theta 100"].rms_norm_eps == 0.1
     assert seen["tied embeddings, head_dim derived"].head_dim == 16

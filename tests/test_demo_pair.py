@@ -6,6 +6,7 @@ import pytest
 
 from ovbuild.demo import DEMO_PROMPTS, export_pair, shipped_pair
 from ovbuild.runtime.pipeline import Pipeline
+from ovbuild.runtime.request import GenerationConfig
 
 NEW_TOKENS = 96
 # Measured 2.55 (k = 7) on these prompts when the pair was shipped; a drop below the floor means the checkpoints,
@@ -42,3 +43,26 @@ def test_acceptance_stays_above_the_floor_and_output_is_lossless(pipeline):
     assert [r.generated for r in speculative] == [r.generated for r in alone]
     assert [r.generated for r in adaptive] == [r.generated for r in alone]
     assert tau >= ACCEPTANCE_FLOOR, f"mean acceptance length {tau:.2f} fell below {ACCEPTANCE_FLOOR}"
+
+
+# a stop string early (the whole text is decoded) and late (only the tail is decoded until the stop string shows)
+@pytest.mark.parametrize("at", [5, 40])
+def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(pipeline, at):
+    prompt = pipeline.encode(DEMO_PROMPTS[0])
+
+    def run(use_draft: bool, stop_strings: tuple[str, ...] = ()):
+        scheduler = pipeline.scheduler(use_draft=use_draft)
+        scheduler.add_request(prompt, GenerationConfig(max_new_tokens=48, stop_strings=stop_strings))  # no EOS
+        return scheduler.run()[0]
+
+    free = run(False)
+    stop = pipeline.decode(free.generated[at : at + 2])  # text the target produces mid-way
+    assert stop and stop in pipeline.decode(free.generated) and len(free.generated) == 48
+    text = pipeline.decode(free.generated)
+    results = [run(d, (stop,)) for d in (False, True)]
+    for request in results:
+        assert request.finish_reason == "stop_string"
+        assert request.text == text[: text.find(stop)]
+        cut = len(request.text)  # the tokens kept are the fewest whose text reaches past the cut
+        assert len(pipeline.decode(request.generated)) > cut >= len(pipeline.decode(request.generated[:-1]))
+    assert results[0].generated == results[1].generated

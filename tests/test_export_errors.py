@@ -88,7 +88,8 @@ CASES = [
     ("shard missing", lambda tmp, T, D: (drop_shard(target(tmp, shards=2)), []),
      "shard 'model-00002-of-00002.safetensors' listed in the index is missing"),
     ("unknown architecture", lambda tmp, T, D: (edit_config(target(tmp), architectures=["LlamaForCausalLM"]), []),
-     "unknown architecture 'LlamaForCausalLM' (targets: Qwen3ForCausalLM; drafts: "),
+     "unknown architecture 'LlamaForCausalLM' (targets: Qwen3ForCausalLM, Qwen3_5ForConditionalGeneration, "
+     "Qwen3_5ForCausalLM; drafts: "),
     ("pickle checkpoint", lambda tmp, T, D: (pickled(tmp), []), "reads safetensors only and never unpickles"),
     ("draft taps beyond the target's layers",
      lambda tmp, T, D: (draft(tmp, num_target_layers=None), with_target(target(tmp, **layers(4)))),

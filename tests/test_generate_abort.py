@@ -65,8 +65,8 @@ def test_error_inside_a_model_call_leaks_nothing(pipeline, expected, model, monk
     paged = pipeline.target if model == "target" else pipeline.drafter.model
     real_run, failing = paged.run, fail_on_call(3, Boom(f"inside the {model} call"))
 
-    def run(rows, inputs):
-        out = real_run(rows, inputs)  # the call has reserved its blocks and written the cache when it fails
+    def run(rows, inputs, *more):
+        out = real_run(rows, inputs, *more)  # the call has reserved its blocks and written the cache when it fails
         failing()
         return out
 

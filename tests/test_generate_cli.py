@@ -108,18 +108,3 @@ def test_demo_refuses_zero_rounds_before_exporting(capsys):
     assert main(["demo", "--tiny", "--rounds", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ovbuild: error: rounds = 0") and err.count("\n") == 1
-
-
-def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(folders):
-    from ovbuild.runtime.pipeline import Pipeline
-
-    pipeline = Pipeline(*folders)
-    (free,), _ = pipeline.generate(["def add(a, b):"], max_new_tokens=16, use_draft=False)
-    stop = pipeline.decode(free.generated[5:7])  # text the target produces mid-way
-    assert stop and stop in free.text
-    results = [pipeline.generate(["def add(a, b):"], 16, stop_strings=(stop,), use_draft=d)[0][0] for d in (0, 1)]
-    for request in results:
-        assert request.finish_reason == "stop_string"
-        assert request.text == free.text[: free.text.find(stop)]
-        assert stop in pipeline.decode(request.generated) and stop not in pipeline.decode(request.generated[:-1])
-    assert results[0].generated == results[1].generated

@@ -92,6 +92,14 @@ def test_bad_calls_are_clean_errors(llm, pair):
         LLM(pair[0], devise="CPU")
 
 
+def test_the_api_refuses_what_the_runtime_would(pair):
+    # --max-model-len below the target's context: the API's check is the scheduler's, not config.json's
+    short = LLM(pair[0], max_model_len=12)
+    with pytest.raises(RequestError, match="maximum context length is 12"):
+        short.generate([1] * 8, max_new_tokens=5)
+    assert isinstance(short.generate([1] * 8, max_new_tokens=4), str)  # 8 + 4 fits exactly
+
+
 def cli(pair, *args) -> int:
     return main(["generate", "--target", str(pair[0]), "--max-new-tokens", "10", *args])
 

@@ -182,9 +182,9 @@ MUTANTS = (
     ),
     Mutant(
         "graph-last-tap-before-norm",
-        "ovbuild/graph/target.py",
-        "    layer_outputs[-1] = h\n",
-        "",
+        "ovbuild/graph/decoder.py",
+        '    states[-1] = norm(ctx, x, "norm")',
+        '    states.append(norm(ctx, x, "norm"))',
         PARITY,
     ),
     Mutant(
@@ -197,8 +197,8 @@ MUTANTS = (
     Mutant(
         "graph-block-slot-off-by-one",
         "ovbuild/graph/dflash.py",
-        "ops.cumsum(ops.convert(is_block, ov.Type.i64), i64(0)), i64(1))",
-        "ops.cumsum(ops.convert(is_block, ov.Type.i64), i64(0)), i64(0))",
+        "ops.cumsum(ops.convert(rows.is_block, ov.Type.i64), i64(0)), i64(1))",
+        "ops.cumsum(ops.convert(rows.is_block, ov.Type.i64), i64(0)), i64(0))",
         DRAFT_PARITY,
     ),
     # -- numpy references ---------------------------------------------------------------------------------------------

@@ -108,7 +108,12 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         choices=INFERENCE_PRECISIONS,
         help="draft inference precision (default: the device's own)",
     )
-    p.add_argument("--cache-mb", type=float, default=EXACT_TARGET.cache_mb, help="target KV cache size in MB")
+    p.add_argument(
+        "--cache-mb",
+        type=float,
+        default=EXACT_TARGET.cache_mb,
+        help="target cache size in MB (KV blocks; a hybrid target's linear-attention states take a share of it)",
+    )
     p.add_argument("--draft-cache-mb", type=float, default=FAST_DRAFT.cache_mb, help="draft KV cache size in MB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument(

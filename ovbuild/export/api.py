@@ -27,7 +27,7 @@ from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.checkpoint import TOKENIZER_FILES, Checkpoint, read_config
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, check_target_layer_ids
-from ovbuild.weights.target import TARGET_ARCHITECTURES, TargetConfig, load_target
+from ovbuild.weights.target import SUPPORTED_TARGET_ARCHITECTURES, TARGET_ARCHITECTURES, TargetConfig, load_target
 from ovbuild.weights.tensor_names import WeightSource
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def export(
         if kind_of(ckpt) == "target":
             if target_model is not None:
                 raise ConfigError(f"{ckpt.source} is a target: --target-model is only for draft exports")
-            kind, family, policy = "target", "qwen3", export_target(job, target_layer_ids, draft_of, cache_dir)
+            kind, (family, policy) = "target", export_target(job, target_layer_ids, draft_of, cache_dir)
         else:
             if target_layer_ids is not None or draft_of is not None:
                 raise ConfigError(
@@ -109,9 +109,17 @@ class Job:
 
 def export_target(
     job: Job, target_layer_ids: Sequence[int] | None, draft_of: str | Path | None, cache_dir: str | None
-) -> WeightPolicy:
-    """The target IR with its taps, configs and tokenizer, written into the partial folder."""
+) -> tuple[str, WeightPolicy]:
+    """The target IR with its taps, configs and tokenizer, written into the partial folder; returns its family and
+    policy."""
     cfg, weights = load_target(job.ckpt)
+    if cfg.family != "qwen3":
+        log.info(
+            "%s: %s language model only (layers %s); image input is not supported",
+            job.ckpt.source,
+            cfg.family,
+            cfg.layer_pattern,
+        )
     taps = target_taps(cfg, job.ckpt.source, target_layer_ids, draft_of, cache_dir)
     check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     check_target_tokenizer(job.ckpt)
@@ -121,11 +129,11 @@ def export_target(
     models = stream_build(
         f"target {cfg.architecture}", cfg.num_layers, [weights], job.show, lambda w: build(cfg, w, taps, policy)
     )
-    job.package.save_models(models, provenance(job.ckpt, policy, job.format_name))
+    job.package.save_models(models, provenance(job.ckpt, job.format_name))
     job.package.copy_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     job.package.write_generation_config(cfg.eos_token_ids)
     job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
-    return policy
+    return cfg.family, policy
 
 
 def export_draft(
@@ -144,7 +152,7 @@ def export_draft(
         f"draft {cfg.family}", cfg.num_layers, [weights, target], job.show, lambda w, t: build(cfg, w, t, policy)
     )
     target_ckpt = target.checkpoint if target is not None else None
-    job.package.save_models(models, provenance(job.ckpt, policy, job.format_name, target_ckpt))
+    job.package.save_models(models, provenance(job.ckpt, job.format_name, target_ckpt))
     job.package.copy_files(job.ckpt, CONFIG_FILES)
     return cfg.family, policy
 
@@ -157,8 +165,9 @@ def kind_of(ckpt: Checkpoint) -> str:
         return "target"
     if arch in DRAFT_ARCHITECTURES:
         return "draft"
+    targets = ", ".join(SUPPORTED_TARGET_ARCHITECTURES)
     raise UnsupportedError(
-        f"{r.where('architectures')}: unknown architecture {arch!r} (targets: {', '.join(TARGET_ARCHITECTURES)}; "
+        f"{r.where('architectures')}: unknown architecture {arch!r} (targets: {targets}; "
         f"drafts: {', '.join(DRAFT_ARCHITECTURES)})"
     )
 

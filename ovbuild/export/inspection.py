@@ -12,10 +12,10 @@ from pathlib import Path
 
 import openvino as ov
 
+from ovbuild.contract import LAYER_PATTERN_KEY, MODEL_FILE, TOKENIZER_IRS, Identity, Provenance, WeightStorage
 from ovbuild.errors import ExportError
-from ovbuild.export.package import TOKENIZER_IRS
 from ovbuild.export.progress import human_size
-from ovbuild.graph.ir import MODEL_FILE, core, read_ir
+from ovbuild.graph.ir import core, read_ir
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,15 @@ class Port:
 
 @dataclass
 class IrReport:
-    """One IR: its ports, rt_info flattened to `a/b` keys, and weight Constants as type -> (count, bytes)."""
+    """One IR: its ports, rt_info (what the contract reads, and all of it flattened to `a/b` keys), and weight
+    Constants as type -> (count, bytes)."""
 
     file: str
     inputs: list[Port]
     outputs: list[Port]
+    identity: Identity
+    storage: WeightStorage
+    origin: Provenance
     rt_info: dict[str, str]
     constants: dict[str, tuple[int, int]]
     compiled_on: str = ""
@@ -45,9 +49,10 @@ class FolderReport:
     tokenizer: str = ""  # how the tokenizer IRs were checked, when present
     notes: list[str] = field(default_factory=list)
 
-    def rt(self, key: str) -> str:
-        """An rt_info value of the main IR, or "?"."""
-        return next((ir.rt_info[key] for ir in self.irs if ir.file == MODEL_FILE and key in ir.rt_info), "?")
+    @property
+    def main(self) -> IrReport:
+        """The report of openvino_model.xml."""
+        return next(ir for ir in self.irs if ir.file == MODEL_FILE)
 
 
 def inspect_folder(folder: str | Path, device: str = "CPU") -> FolderReport:
@@ -74,6 +79,9 @@ def describe_ir(path: Path, device: str) -> IrReport:
         path.name,
         [port(p) for p in model.inputs],
         [port(p) for p in model.outputs],
+        Identity.from_model(model, path),
+        WeightStorage.from_model(model, path),
+        Provenance.from_model(model, path),
         flatten(model.get_rt_info()),
         constants(model),
     )
@@ -108,7 +116,7 @@ def port(p: ov.Output) -> Port:
 
 
 def flatten(rt, prefix: str = "") -> dict[str, str]:
-    """Nested rt_info -> {"ovbuild/version": "0.1.0", ...}."""
+    """Nested rt_info -> {"a/b": "value", ...}."""
     out = {}
     for key in rt:
         value = rt[key]
@@ -132,12 +140,16 @@ def constants(model: ov.Model) -> dict[str, tuple[int, int]]:
 
 def format_report(report: FolderReport) -> str:
     """The report as text, one section per IR."""
+    main = report.main
     lines = [
         f"{report.folder}",
-        f"  kind {report.rt('ovbuild/kind')}, family {report.rt('ovbuild/family')}, "
-        f"weight format {report.rt('ovbuild/weight_format')}, IR format {report.rt('ovbuild/ir_format')}",
-        f"  source {report.rt('ovbuild/source')} @ {report.rt('ovbuild/revision')}",
+        f"  kind {shown(main.identity.kind)}, family {shown(main.identity.family)}, "
+        f"weight format {shown(main.storage.weight_format)}, IR format {shown(main.origin.ir_format)}",
+        f"  source {shown(main.origin.source)} @ {shown(main.origin.revision)}",
     ]
+    pattern = main.rt_info.get(LAYER_PATTERN_KEY)
+    if pattern:  # a hybrid target: which layers are linear (L) and which full attention (F)
+        lines.append(f"  layers {pattern} ({pattern.count('L')} linear attention, {pattern.count('F')} full attention)")
     for ir in report.irs:
         lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]
         lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.inputs]
@@ -152,6 +164,11 @@ def format_report(report: FolderReport) -> str:
     lines.append(f"files ({human_size(sum(report.files.values()))}):")
     lines += [f"  {name:<32} {human_size(size):>10}" for name, size in report.files.items()]
     return "\n".join(lines)
+
+
+def shown(value: str | None) -> str:
+    """An rt_info value as printed: "?" when the IR does not record it."""
+    return "?" if value is None else value
 
 
 def last_line(e: Exception) -> str:

@@ -12,14 +12,17 @@ from dataclasses import dataclass
 
 import openvino as ov
 
+from ovbuild.contract import MODEL_STEM
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.genai.target import build_genai_target
+from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.hybrid import HybridTargetConfig
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
-# Each returns every IR of the output folder keyed by file stem ("openvino_model", "openvino_markov_head_model").
+# Each returns every IR of the output folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.contract).
 TargetBuilder = Callable[[TargetConfig, WeightSource, tuple[int, ...], WeightPolicy], dict[str, ov.Model]]
 
 
@@ -39,14 +42,15 @@ class IrFormat:
 def _paged_target(
     cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
 ) -> dict[str, ov.Model]:
-    return {"openvino_model": build_target(cfg, weights, taps, policy)}
+    build = build_hybrid_target if isinstance(cfg, HybridTargetConfig) else build_target
+    return {MODEL_STEM: build(cfg, weights, taps, policy)}
 
 
 def _genai_target(
     cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
 ) -> dict[str, ov.Model]:
     # GenAI locates every layer's output through rt_info and picks the draft's taps itself at load time.
-    return {"openvino_model": build_genai_target(cfg, weights, policy)}
+    return {MODEL_STEM: build_genai_target(cfg, weights, policy)}
 
 
 IR_FORMATS: dict[str, IrFormat] = {

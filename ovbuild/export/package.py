@@ -14,35 +14,22 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild import __version__
+from ovbuild.contract import TOKENIZER_IRS, Provenance, write_rt_info
 from ovbuild.errors import ExportError, UnsupportedError
 from ovbuild.export.tokenizer import convert_tokenizer, special_tokens
 from ovbuild.graph.ir import save_ir
-from ovbuild.graph.rt_info import set_rt_info
-from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 CONFIG_FILES = ("config.json", "generation_config.json")
-TOKENIZER_IRS = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
 FREE_MARGIN = 1 << 20  # bytes: a write that fails with less than this left beyond the file's size ran out of space
 
 
-def provenance(
-    ckpt: Checkpoint, policy: WeightPolicy, ir_format: str, target: Checkpoint | None = None
-) -> dict[str, object]:
-    """rt_info saying where an IR came from and how its weights are stored."""
-    values: dict[str, object] = {
-        "ovbuild/version": __version__,
-        "ovbuild/openvino_version": ov.get_version(),
-        "ovbuild/source": ckpt.source,
-        "ovbuild/revision": resolved_revision(ckpt),
-        "ovbuild/ir_format": ir_format,
-        "ovbuild/weight_format": policy.weight_format,
-    }
-    if target is not None:
-        values |= {"ovbuild/target_source": target.source, "ovbuild/target_revision": resolved_revision(target)}
-    return values
+def provenance(ckpt: Checkpoint, ir_format: str, target: Checkpoint | None = None) -> Provenance:
+    """Where an IR came from (its builder records what it is and how its weights are stored)."""
+    if target is None:
+        return Provenance(ckpt.source, resolved_revision(ckpt), ir_format)
+    return Provenance(ckpt.source, resolved_revision(ckpt), ir_format, target.source, resolved_revision(target))
 
 
 def resolved_revision(ckpt: Checkpoint) -> str:
@@ -58,11 +45,10 @@ class Package:
     def __init__(self, tmp: Path, out: Path):
         self.tmp, self.out = tmp, out
 
-    def save_models(self, models: dict[str, ov.Model], rt_info: dict[str, object]) -> None:
-        """Each model as `<stem>.xml/.bin`, with the keys of `rt_info` it does not carry yet."""
+    def save_models(self, models: dict[str, ov.Model], origin: Provenance) -> None:
+        """Each model as `<stem>.xml/.bin`, with where it came from in its rt_info."""
         for stem, model in models.items():
-            # A builder's own keys win (the weight policy describes its storage best); provenance fills in the rest.
-            set_rt_info(model, {k: v for k, v in rt_info.items() if not model.has_rt_info(k.split("/"))})
+            write_rt_info(model, origin)
             name = f"{stem}.xml"
             log.info("writing %s", name)
             with self.writing(name, weight_bytes(model)):

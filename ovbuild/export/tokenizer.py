@@ -10,11 +10,11 @@ decoder); anything else is refused by name.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import openvino as ov
 
+from ovbuild.contract import SpecialTokens
 from ovbuild.errors import ExportError, UnsupportedError
 
 NORMALIZATIONS = ("NFC", "NFD", "NFKC", "NFKD")
@@ -25,16 +25,6 @@ SPLIT_BEHAVIOURS = {
     "MergedWithNext": "mergedwithnext",
     "Contiguous": "contiguous",
 }
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    """Token ids GenAI reads from the tokenizer IR's rt_info (eos ends generation; pad fills batched prompts)."""
-
-    eos_token_id: int
-    pad_token_id: int
-    bos_token_id: int | None = None
-    chat_template: str | None = None
 
 
 def convert_tokenizer(tokenizer_json: Path, special: SpecialTokens) -> tuple[ov.Model, ov.Model]:
@@ -85,7 +75,7 @@ def convert_tokenizer(tokenizer_json: Path, special: SpecialTokens) -> tuple[ov.
     tokenizer = _with_type(ov.Model(outputs, full.get_parameters(), "tokenizer"), ov.Type.i64, outputs=True)
     detokenizer = _with_type(pipeline.get_detokenizer_ov_subgraph(), ov.Type.i64, outputs=False)
     for m in (tokenizer, detokenizer):
-        _set_special_tokens(m, special)
+        special.write(m)
     return tokenizer, detokenizer
 
 
@@ -155,13 +145,6 @@ def _with_type(model: ov.Model, element_type: ov.Type, outputs: bool) -> ov.Mode
     for i in range(len(model.outputs if outputs else model.inputs)):
         (ppp.output(i) if outputs else ppp.input(i)).tensor().set_element_type(element_type)
     return ppp.build()
-
-
-def _set_special_tokens(model: ov.Model, special: SpecialTokens) -> None:
-    for key in ("eos_token_id", "pad_token_id", "bos_token_id", "chat_template"):
-        value = getattr(special, key)
-        if value is not None:
-            model.set_rt_info(value, key)
 
 
 def special_tokens(folder: Path, generation: dict) -> SpecialTokens:

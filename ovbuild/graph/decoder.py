@@ -7,6 +7,8 @@ x ─ input_layernorm ─ u ─┬─ q_proj ─ q_norm ─ rope ─────
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import openvino.opset16 as ops
 
@@ -105,6 +107,22 @@ def decoder_layer(
     x = named(ops.add(x, attn), f"layers.{i}/attn_residual")
     m = mlp(ctx, i, norm(ctx, x, f"layers.{i}.post_attention_layernorm"))
     return named(ops.add(x, m), f"layers.{i}/output")
+
+
+def decoder_stack(ctx: BuildContext, x: Output, between: Callable[[int, Output], Output] | None = None) -> list[Output]:
+    """Every decoder layer, then the final norm, on rows x [T, H]: each layer's hidden state as transformers reports
+    it, so the last layer's is taken after the final norm (a tap of the last layer is what the lm_head reads; the
+    reference and GenAI's exporter agree). `between(i, y)` may reroute layer i's output y on its way to layer i + 1.
+    """
+    n = ctx.cfg.num_layers
+    states = []
+    for i in range(n):
+        x = decoder_layer(ctx, i, x)
+        if between is not None and i < n - 1:
+            x = between(i, x)
+        states.append(x)
+    states[-1] = norm(ctx, x, "norm")  # [T, H]
+    return states
 
 
 def embedding(ctx: BuildContext, source, ids: Output, name: str = "embed_tokens") -> Output:

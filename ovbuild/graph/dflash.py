@@ -8,31 +8,44 @@ passing the committed length as past_lens next time.
 
     hidden_states ─ fc ─ hidden_norm ─ C ──┐ (context rows)
     input_ids ─ embed (* scale) ─ x ─ layers(kv_input = C | u) ─ gather(candidate_indices) ─ norm ─ lm_head ─ logits
+
+`draft_trunk` (fc, hidden_norm, the layers on the block rows) is shared with every other IR form of the draft: a form
+supplies its row layout (`DraftRows`: `PagedRows` here, `graph.genai.draft.StatefulRows` for GenAI), its attention
+backend (BuildContext.attention) and what comes before the first layer and after the last.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import DraftIR, HeadGeometry, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import Output, const, i32, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
 
 
 def build_dflash_draft(
-    cfg: DraftConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy | None = None, layer=decoder_layer
+    cfg: DraftConfig,
+    draft: WeightSource,
+    target: WeightSource,
+    policy: WeightPolicy | None = None,
+    layer=decoder_layer,
+    markov_head: str | None = None,
 ) -> ov.Model:
     """The paged draft IR; embedding and lm_head come from the draft when it carries them, else from `target`.
 
     `layer(ctx, i, x, kv_input, token_type_ids)` builds one layer on the block rows x [Tb, H] (kv_input(u) gives the
-    [T, H] key/value source of every packed row): families that wrap the Qwen3 layer pass theirs.
+    [T, H] key/value source of every packed row): families that wrap the Qwen3 layer pass theirs. `markov_head`: the
+    file stem of the head IR the backbone needs, recorded in its rt_info.
     """
     input_ids = parameter("input_ids", [-1], ov.Type.i64)
     hidden_states = parameter("hidden_states", [-1, cfg.num_taps * cfg.target_hidden_size], ov.Type.f32)
@@ -47,33 +60,25 @@ def build_dflash_draft(
         token_type_ids=token_type_ids.output(0), subsequence_begins=paged.sequence["subsequence_begins"].output(0)
     )
 
-    fc = ctx.linear(hidden_states.output(0), "fc", cfg.hidden_size, cfg.num_taps * cfg.target_hidden_size)
-    context = norm(ctx, fc, "hidden_norm")  # [T, H]
-    # The residual stream lives on the block rows only: context rows feed keys and values, nothing reads the rest.
-    is_block = ops.equal(token_type_ids, i32(1))  # [T]
-    block_rows = named(ops.squeeze(ops.non_zero(is_block, "i64"), i64([0])), "block_rows")  # [1, Tb] -> [Tb]
-    ctx.queries_on(block_rows)
+    rows = PagedRows(token_type_ids.output(0))
 
-    def kv_input(u: Output) -> Output:
-        """Each row's key/value source: the context feature, with the block rows' state u [Tb, H] written in."""
-        return named(ops.scatter_update(context, block_rows, u, i64(0)), f"{u.get_node().get_friendly_name()}/kv_input")
+    def embed(block_rows: Output) -> Output:
+        block_ids = named(ops.gather(input_ids, block_rows, i64(0)), "block_ids")  # [Tb]
+        x = embedding(ctx, owner(draft, target, "embed_tokens"), block_ids)  # [Tb, H]
+        if cfg.input_embedding_scale != 1.0:
+            x = named(ops.multiply(x, const(cfg.input_embedding_scale)), "embed_tokens/scale")
+        return x
 
-    block_ids = named(ops.gather(input_ids, block_rows, i64(0)), "block_ids")  # [Tb]
-    x = embedding(ctx, owner(draft, target, "embed_tokens"), block_ids)  # [Tb, H]
-    if cfg.input_embedding_scale != 1.0:
-        x = named(ops.multiply(x, const(cfg.input_embedding_scale)), "embed_tokens/scale")
-    for i in range(cfg.num_layers):
-        tt = token_type_ids.output(0) if not cfg.layer_causal[i] else None
-        x = layer(ctx, i, x, kv_input, tt)
+    x = draft_trunk(ctx, cfg, hidden_states.output(0), rows, embed, layer)  # [Tb, H]
     # candidate_indices count packed rows; a block row's place among block rows is the block rows up to it, minus one
-    block_slot = ops.subtract(ops.cumsum(ops.convert(is_block, ov.Type.i64), i64(0)), i64(1))  # [T]
+    block_slot = ops.subtract(ops.cumsum(ops.convert(rows.is_block, ov.Type.i64), i64(0)), i64(1))  # [T]
     picked = named(ops.gather(x, ops.gather(block_slot, candidate_indices, i64(0)), i64(0)), "candidate_rows")  # [R, H]
     h = norm(ctx, picked, "norm")  # [R, H]
     logits = logit_transforms(cfg, lm_head(ctx, owner(draft, target, "lm_head"), h))
     params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]
     outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids"), result(h, "last_hidden_state")]
     model = ov.Model(outputs, params, f"ovbuild_{cfg.family}_draft")
-    set_rt_info(model, {**draft_rt_info(cfg), **ctx.policy.rt_info()})  # plus how the weights are stored
+    write_rt_info(model, draft_ir(cfg, markov_head=markov_head), ctx.policy.storage())  # and how weights are stored
     return model
 
 
@@ -87,18 +92,69 @@ def logit_transforms(cfg: DraftConfig, logits: Output) -> Output:
     return logits
 
 
-def draft_rt_info(cfg: DraftConfig) -> dict[str, object]:
-    """rt_info of a draft IR: DFlash keys as GenAI names them, plus ovbuild's own description."""
-    return {
-        **common_rt_info("draft", cfg.family, cfg.num_kv_heads, cfg.head_dim),
-        "dflash/block_size": cfg.block_size,
-        "dflash/mask_token_id": cfg.mask_token_id,
-        "dflash/target_layer_ids": list(cfg.target_layer_ids),
-        "dflash/candidate_offset": cfg.candidate_offset,
-        "ovbuild/vocab_size": cfg.vocab_size,
-        "ovbuild/hidden_size": cfg.hidden_size,
-        "ovbuild/target_hidden_size": cfg.target_hidden_size,
-    }
+class DraftRows(Protocol):
+    """Where a draft call's rows sit on the attention's packed axis: the input layout of one IR form."""
+
+    def split(self) -> tuple[Output, Output]:
+        """(token_type_ids [T] i32: 0 context row, 1 block row; the block rows [Tb] i64), built once per graph."""
+
+    def kv_input(self, context: Output, block_rows: Output, u: Output) -> Output:
+        """Every row's key/value source [T, H]: context features [C, H] on context rows, the block rows' state u
+        [Tb, H] on block rows."""
+
+
+class PagedRows:
+    """Packed rows of many sequences, each [its new context rows ; its block]: the caller's token_type_ids says which
+    row is which, and context features exist for every row (zero on block rows)."""
+
+    def __init__(self, token_type_ids: Output):
+        self.token_type_ids = token_type_ids
+        self.is_block: Output | None = None  # [T] bool, built by `split` (the candidate rows are counted on it)
+
+    def split(self) -> tuple[Output, Output]:
+        self.is_block = ops.equal(self.token_type_ids, i32(1))  # [T]
+        block_rows = named(ops.squeeze(ops.non_zero(self.is_block, "i64"), i64([0])), "block_rows")  # [1, Tb] -> [Tb]
+        return self.token_type_ids, block_rows
+
+    def kv_input(self, context: Output, block_rows: Output, u: Output) -> Output:
+        """The context feature of every row [T, H], with the block rows' state written in."""
+        return named(ops.scatter_update(context, block_rows, u, i64(0)), f"{u.get_node().get_friendly_name()}/kv_input")
+
+
+def draft_trunk(
+    ctx: BuildContext, cfg: DraftConfig, taps: Output, rows: DraftRows, embed: Callable[[Output], Output], layer
+) -> Output:
+    """The DFlash draft between its inputs and its head, for any IR form: fc + hidden_norm on the target taps [C, n *
+    Ht], then the layers on the block rows, whose input `embed(block_rows)` gives [Tb, H]. Returns the block rows'
+    stream [Tb, H] after the last layer.
+
+    The residual stream lives on the block rows only: context rows feed keys and values, nothing reads the rest.
+    """
+    context = norm(ctx, ctx.linear(taps, "fc", cfg.hidden_size, cfg.num_taps * cfg.target_hidden_size), "hidden_norm")
+    token_type_ids, block_rows = rows.split()
+    ctx.queries_on(block_rows)
+    x = embed(block_rows)  # [Tb, H]
+    for i in range(cfg.num_layers):
+        tt = None if cfg.layer_causal[i] else token_type_ids
+        x = layer(ctx, i, x, lambda u: rows.kv_input(context, block_rows, u), tt)
+    return x
+
+
+def draft_ir(cfg: DraftConfig, form: str = "paged", markov_head: str | None = None) -> DraftIR:
+    """What a draft IR of this config records: the DFlash keys as GenAI names them, plus ovbuild's own."""
+    return DraftIR(
+        family=cfg.family,
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        block_size=cfg.block_size,
+        mask_token_id=cfg.mask_token_id,
+        target_layer_ids=tuple(cfg.target_layer_ids),
+        candidate_offset=cfg.candidate_offset,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        target_hidden_size=cfg.target_hidden_size,
+        form=form,
+        markov_head=markov_head,
+    )
 
 
 def owner(draft: WeightSource, target: WeightSource, name: str) -> WeightSource:

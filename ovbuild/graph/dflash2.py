@@ -14,20 +14,16 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import MARKOV_HEAD_STEM, MODEL_STEM, DFlash2Keys, MarkovHeadIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.conv import GroupedDynamicConv, block_row_index, tap_masks
 from ovbuild.graph.decoder import mlp, norm, self_attention
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import Output, i64, named, parameter, result
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.families.dflash2 import DFlash2Config
 from ovbuild.weights.tensor_names import WeightSource
-
-# GPU runs the v2 backbone with at least this ACTIVATIONS_SCALE_FACTOR (fp16 activations overflow in the convs).
-GPU_MIN_ACTIVATIONS_SCALE_FACTOR = 32
-MARKOV_HEAD = "openvino_markov_head_model"
 
 
 class DFlash2Layer:
@@ -63,22 +59,17 @@ def build_dflash2_draft(
     cfg: DFlash2Config, draft: WeightSource, target: WeightSource, policy: WeightPolicy | None = None
 ) -> ov.Model:
     """The paged v2 backbone IR: the v1 inputs and outputs (`logits` carry the logit transforms)."""
-    model = build_dflash_draft(cfg, draft, target, policy, layer=DFlash2Layer(cfg))
-    set_rt_info(
-        model,
-        {
-            "dflash/version": 2,
-            "dflash/gpu_min_activations_scale_factor": GPU_MIN_ACTIVATIONS_SCALE_FACTOR,
-            "dflash/top_k": cfg.selector_top_k,
-            "dflash/selector_rank": cfg.selector_rank,
-            "dflash/conv_kernel_size": cfg.conv_kernel_size,
-            "dflash/conv_group_size": cfg.conv_group_size,
-            "dflash/input_embedding_scale": cfg.input_embedding_scale,
-            "dflash/output_multiplier": cfg.output_multiplier,
-            "dflash/final_logit_softcapping": cfg.final_logit_softcapping,
-            "ovbuild/markov_head": MARKOV_HEAD,
-        },
+    model = build_dflash_draft(cfg, draft, target, policy, layer=DFlash2Layer(cfg), markov_head=MARKOV_HEAD_STEM)
+    keys = DFlash2Keys(
+        top_k=cfg.selector_top_k,
+        selector_rank=cfg.selector_rank,
+        conv_kernel_size=cfg.conv_kernel_size,
+        conv_group_size=cfg.conv_group_size,
+        input_embedding_scale=cfg.input_embedding_scale,
+        output_multiplier=cfg.output_multiplier,
+        final_logit_softcapping=cfg.final_logit_softcapping,
     )
+    write_rt_info(model, keys)
     return model
 
 
@@ -119,19 +110,16 @@ def build_markov_head(cfg: DFlash2Config, draft: WeightSource, policy: WeightPol
         [logits, hidden, prev_token_ids, candidate_begins],
         "ovbuild_dflash2_markov_head",
     )
-    set_rt_info(
-        model,
-        {
-            **common_rt_info("markov_head", cfg.family),
-            "markov_head_type": "dflash2",
-            "markov_rank": rank,
-            "dflash/top_k": cfg.selector_top_k,
-            "dflash/version": 2,
-            "ovbuild/vocab_size": v,
-            "ovbuild/hidden_size": h,
-            **policy.rt_info(),  # the head's own storage: never integer-compressed
-        },
+    info = MarkovHeadIR(
+        family=cfg.family,
+        head_type="dflash2",
+        rank=rank,
+        vocab_size=v,
+        hidden_size=h,
+        top_k=cfg.selector_top_k,
+        version=2,
     )
+    write_rt_info(model, info, policy.storage())  # the head's own storage: never integer-compressed
     return model
 
 
@@ -140,6 +128,6 @@ def build_dflash2_models(
 ) -> dict[str, ov.Model]:
     """Both IRs of a v2 draft folder, keyed by file stem."""
     return {
-        "openvino_model": build_dflash2_draft(cfg, draft, target, policy),
-        MARKOV_HEAD: build_markov_head(cfg, draft, policy),
+        MODEL_STEM: build_dflash2_draft(cfg, draft, target, policy),
+        MARKOV_HEAD_STEM: build_markov_head(cfg, draft, policy),
     }

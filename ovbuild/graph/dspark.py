@@ -19,16 +19,15 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import MARKOV_HEAD_STEM as MARKOV_HEAD  # the name the tests and older callers import
+from ovbuild.contract import MODEL_STEM, DSparkKeys, MarkovHeadIR, write_rt_info
 from ovbuild.errors import ConfigError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.dspark_lattice import DEFAULT_TOP_K, markov_lattice
 from ovbuild.graph.ops import Output, argmax, i64, named, parameter, result
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy, f32_constant
 from ovbuild.weights.families.dspark import DSparkConfig
 from ovbuild.weights.tensor_names import WeightSource
-
-MARKOV_HEAD = "openvino_markov_head_model"
 
 
 class MarkovHead:
@@ -156,31 +155,30 @@ def scatter_rows(values: Output, slots: Output, num_rows: Output, dtype: ov.Type
     return named(ops.slice(filled, i64([0]), num_rows, i64([1])), f"markov_chain/{path}")  # [R]
 
 
-def markov_head_model(head: MarkovHead, outputs: dict[str, Output], modes: list[str], info: dict) -> ov.Model:
-    """The head IR from its outputs; rt_info says which forms it holds (`markov_head_mode`: chain and/or lattice)."""
+def markov_head_model(
+    head: MarkovHead, outputs: dict[str, Output], modes: list[str], top_k: int | None = None
+) -> ov.Model:
+    """The head IR from its outputs; rt_info says which forms it holds (chain and/or lattice, of `top_k`)."""
     cfg = head.cfg
     model = ov.Model([result(v, k) for k, v in outputs.items()], head.parameters, "ovbuild_dspark_markov_head")
-    set_rt_info(
-        model,
-        {
-            **common_rt_info("markov_head", cfg.family),
-            "markov_head_type": cfg.markov_head_type,
-            "markov_rank": cfg.markov_rank,
-            "markov_head_mode": modes,
-            "dflash/block_size": cfg.block_size,
-            "ovbuild/vocab_size": cfg.vocab_size,
-            "ovbuild/hidden_size": cfg.hidden_size,
-            **head.policy.rt_info(),  # the head's own storage: never integer-compressed
-            **info,
-        },
+    info = MarkovHeadIR(
+        family=cfg.family,
+        head_type=cfg.markov_head_type,
+        rank=cfg.markov_rank,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        modes=tuple(modes),
+        top_k=top_k,
+        block_size=cfg.block_size,
     )
+    write_rt_info(model, info, head.policy.storage())  # the head's own storage: never integer-compressed
     return model
 
 
 def build_markov_head(cfg: DSparkConfig, draft: WeightSource, policy: WeightPolicy | None = None) -> ov.Model:
     """The exact greedy chain IR (outputs chain_ids [R] i64, and confidence [R] f32 with a Markov confidence head)."""
     head = MarkovHead(cfg, draft, policy or WeightPolicy())
-    return markov_head_model(head, greedy_chain(head, cfg.block_size), ["chain"], {})
+    return markov_head_model(head, greedy_chain(head, cfg.block_size), ["chain"])
 
 
 def build_dspark_draft(
@@ -189,14 +187,11 @@ def build_dspark_draft(
     """The backbone IR: a DFlash v1 per-row draft with candidate offset 0 (plus `confidence` [R] when the confidence
     head reads the hidden state alone)."""
     policy = policy or WeightPolicy()
-    model = build_dflash_draft(cfg, draft, target, policy)
+    model = build_dflash_draft(cfg, draft, target, policy, markov_head=MARKOV_HEAD if cfg.markov_rank else None)
     if cfg.enable_confidence_head and not cfg.confidence_head_with_markov:
         h = model.output("last_hidden_state").get_node().input_value(0)  # [R, H]: what the Result reads
         model.add_results([result(hidden_confidence(cfg, draft, policy, h), "confidence")])
-    info: dict[str, object] = {"markov_rank": cfg.markov_rank}
-    if cfg.markov_rank:
-        info.update({"markov_head_type": cfg.markov_head_type, "ovbuild/markov_head": MARKOV_HEAD})
-    set_rt_info(model, info)
+    write_rt_info(model, DSparkKeys(cfg.markov_rank, cfg.markov_head_type if cfg.markov_rank else None))
     return model
 
 
@@ -222,7 +217,7 @@ def build_lattice_markov_head(
     outputs = greedy_chain(head, cfg.block_size) if with_chain else {}
     outputs.update(markov_lattice(head, top_k))
     modes = ["chain", "lattice"] if with_chain else ["lattice"]
-    return markov_head_model(head, outputs, modes, {"dflash/top_k": top_k})
+    return markov_head_model(head, outputs, modes, top_k)
 
 
 def build_dspark_models(
@@ -230,7 +225,7 @@ def build_dspark_models(
 ) -> dict[str, ov.Model]:
     """Every IR of a DSpark draft folder by file stem: the backbone and a head holding both the exact chain (the
     greedy default) and the Top-K lattice; a DeepSpec DFlash draft (markov_rank 0) has no head file."""
-    models = {"openvino_model": build_dspark_draft(cfg, draft, target, policy)}
+    models = {MODEL_STEM: build_dspark_draft(cfg, draft, target, policy)}
     if cfg.markov_rank:
         models[MARKOV_HEAD] = build_lattice_markov_head(cfg, draft, policy)
     return models

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import openvino as ov
 
+from ovbuild.contract import MODEL_FILE, HeadGeometry
 from ovbuild.errors import ExportError
 from ovbuild.graph.paged_attention import set_head_geometry
-from ovbuild.graph.rt_info import get_rt_info
 
-MODEL_FILE = "openvino_model.xml"
 _core: ov.Core | None = None
 
 
@@ -41,20 +40,15 @@ def read_ir(path: str | Path) -> ov.Model:
     if not path.exists():
         raise ExportError(f"{path}: no such IR file")
     model = core().read_model(str(path))
-    restore_paged_attention(model)
+    restore_paged_attention(model, path)
     return model
 
 
-def restore_paged_attention(model: ov.Model) -> None:
-    """Re-attach head geometry to every PagedAttention node from the model's `pa/*` rt_info."""
+def restore_paged_attention(model: ov.Model, path: str | Path | None = None) -> None:
+    """Re-attach head geometry to every PagedAttention node from the model's rt_info (`path`: named in errors)."""
     nodes = [n for n in model.get_ops() if n.get_type_name() == "PagedAttentionExtension"]
     if not nodes:
         return
-    heads, size = get_rt_info(model, "pa/num_kv_heads"), get_rt_info(model, "pa/head_size")
-    if heads is None or size is None:
-        raise ExportError(
-            f"{model.get_friendly_name()}: PagedAttention IR without pa/num_kv_heads and pa/head_size "
-            "rt_info (not written by ovbuild?)"
-        )
+    heads = HeadGeometry.from_model(model, path, required=True)
     for node in nodes:
-        set_head_geometry(node, int(heads), int(size))
+        set_head_geometry(node, heads.num_kv_heads, heads.head_size)

@@ -37,3 +37,12 @@ def apply_rope(x: Output, tables: RotaryTables, path: str) -> Output:
     first, second = ops.split(x, i64(-1), 2).outputs()  # 2 x [T, heads, D/2]
     rotated = ops.concat([ops.negative(second), first], -1)  # [T, heads, D]
     return named(ops.add(ops.multiply(x, tables.cos), ops.multiply(rotated, tables.sin)), path)
+
+
+def apply_partial_rope(x: Output, tables: RotaryTables, rotary_dim: int, path: str) -> Output:
+    """RoPE on the first rotary_dim dims of each head, the rest passed through: x [T, heads, D] -> [T, heads, D]."""
+    head_dim = x.get_partial_shape()[-1].get_length()
+    if rotary_dim == head_dim:
+        return apply_rope(x, tables, path)
+    turned, kept = ops.variadic_split(x, i64(-1), i64([rotary_dim, head_dim - rotary_dim])).outputs()
+    return named(ops.concat([apply_rope(turned, tables, f"{path}/turned"), kept], -1), path)

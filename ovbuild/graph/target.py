@@ -9,12 +9,12 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import HeadGeometry, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
-from ovbuild.graph.ops import i64, named, parameter, result
+from ovbuild.graph.decoder import decoder_stack, embedding, greedy_ids, lm_head
+from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import check_target_layer_ids
 from ovbuild.weights.target import TargetConfig
@@ -34,32 +34,35 @@ def build_target(
     ctx = BuildContext(
         cfg, weights, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
     )
-    x = embedding(ctx, weights, input_ids.output(0))  # [T, H]
-    layer_outputs = []
-    for i in range(cfg.num_layers):
-        x = decoder_layer(ctx, i, x)
-        layer_outputs.append(x)
-    h = norm(ctx, x, "norm")  # [T, H]
-    # transformers reports the last layer's output after the final norm; a tap of that layer takes the same.
-    layer_outputs[-1] = h
-    picked = named(ops.gather(h, logits_indices, i64(0)), "logits_rows")  # [R, H]
+    layer_outputs = decoder_stack(ctx, embedding(ctx, weights, input_ids.output(0)))  # [T, H] each
+    outputs = target_outputs(ctx, weights, layer_outputs, logits_indices.output(0), target_layer_ids)
+    params = [input_ids, position_ids, *paged.parameters, logits_indices]
+    model = ov.Model(outputs, params, "ovbuild_qwen3_target")
+    info = TargetIR(
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        target_layer_ids=tuple(target_layer_ids),
+        context_length=cfg.context_length,
+    )
+    write_rt_info(model, info, ctx.policy.storage())  # plus how the weights are stored
+    return model
+
+
+def target_outputs(
+    ctx: BuildContext,
+    weights: WeightSource,
+    layer_outputs: list[Output],
+    logits_indices: Output,
+    target_layer_ids: tuple[int, ...],
+) -> list[ov.Node]:
+    """A target's results from its layers' hidden states (the last one after the final norm): logits and greedy ids of
+    the `logits_indices` rows, and the taps of `target_layer_ids` concatenated as hidden_states."""
+    picked = named(ops.gather(layer_outputs[-1], logits_indices, i64(0)), "logits_rows")  # [R, H]
     logits = lm_head(ctx, weights, picked)  # [R, V]
     outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]
     if target_layer_ids:
         taps = [layer_outputs[t] for t in target_layer_ids]
         hidden = taps[0] if len(taps) == 1 else named(ops.concat(taps, -1), "hidden_states/concat")  # [T, n * H]
         outputs.append(result(hidden, "hidden_states"))
-    params = [input_ids, position_ids, *paged.parameters, logits_indices]
-    model = ov.Model(outputs, params, "ovbuild_qwen3_target")
-    set_rt_info(
-        model,
-        {
-            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
-            "ovbuild/target_layer_ids": list(target_layer_ids),
-            "ovbuild/vocab_size": cfg.vocab_size,
-            "ovbuild/hidden_size": cfg.hidden_size,
-            "ovbuild/context_length": cfg.context_length,  # the runtime refuses requests longer than this
-            **ctx.policy.rt_info(),  # how the weights are stored
-        },
-    )
-    return model
+    return outputs

@@ -9,6 +9,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import WeightStorage
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ops import Output, named
 from ovbuild.graph.quantize.decompression import compressed_constant
@@ -75,14 +76,12 @@ class WeightPolicy:
         """The precision a matrix kept in float is stored in."""
         return {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}.get(self.weight_format, tensor.dtype)
 
-    def rt_info(self) -> dict[str, object]:
-        """Model rt_info describing how the weights are stored (merged into every IR built with this policy)."""
-        info: dict[str, object] = {"ovbuild/weight_format": self.weight_format}
-        if self.weight_format in INT_FORMATS:
-            info["ovbuild/sym"] = self.sym
-            info["ovbuild/group_size"] = self.group_size if self.weight_format == "int4" else -1
-            info["ovbuild/all_layers"] = self.all_layers
-        return info
+    def storage(self) -> WeightStorage:
+        """How the weights of an IR built with this policy are stored, for its rt_info."""
+        if self.weight_format not in INT_FORMATS:
+            return WeightStorage(self.weight_format)
+        group_size = self.group_size if self.weight_format == "int4" else -1
+        return WeightStorage(self.weight_format, self.sym, group_size, self.all_layers)
 
 
 def stored_constant(tensor: WeightTensor, path: str, dtype: str | None = None) -> Output:

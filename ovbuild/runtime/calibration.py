@@ -27,7 +27,8 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
             "position_ids": np.arange(rows),
             "logits_indices": np.arange(rows),
         }
-        return timed(lambda: target.run([SequenceRows(SCRATCH, 0, rows)], inputs))
+        # states reported after every row, as a verification call does (a hybrid target; else ignored)
+        return timed(lambda: target.run([SequenceRows(SCRATCH, 0, rows)], inputs, [list(range(rows))]))
 
     def draft_call(rows: int) -> float:
         k = min(drafter.max_candidates, rows - drafter.candidate_offset)  # a block of k + offset rows, context the rest

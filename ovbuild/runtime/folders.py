@@ -12,8 +12,8 @@ from pathlib import Path
 
 import openvino as ov
 
+from ovbuild.contract import MODEL_FILE, DraftIR, Identity, Provenance, TargetIR
 from ovbuild.errors import CompatibilityError, ConfigError, ExportError, OvbuildError
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.weights.target import parse_target_config
 
 
@@ -33,24 +33,21 @@ class ExportedModel:
 
 def describe(folder: str | Path, model: ov.Model) -> ExportedModel:
     """Read what `model` (the folder's openvino_model.xml) records about itself."""
+    folder, path = Path(folder), Path(folder) / MODEL_FILE
     inputs = {p.get_any_name(): p for p in model.inputs}
     outputs = {p.get_any_name(): p for p in model.outputs}
-    kind = get_rt_info(model, "ovbuild/kind") or ("draft" if "token_type_ids" in inputs else "target")
-    genai = "genai" in (get_rt_info(model, "ovbuild/form"), get_rt_info(model, "ovbuild/ir_format"))
-    form = "genai" if genai or "past_lens" not in inputs else "paged"
-    taps_key = "dflash/target_layer_ids" if kind == "draft" else "ovbuild/target_layer_ids"
-    taps = get_rt_info(model, taps_key, "")
-    hidden_key = "ovbuild/target_hidden_size" if kind == "draft" else "ovbuild/hidden_size"
-    tap_port = (inputs if kind == "draft" else outputs).get("hidden_states")
+    kind = Identity.from_model(model, path).kind or ("draft" if "token_type_ids" in inputs else "target")
+    ir = DraftIR.from_model(model, path) if kind == "draft" else TargetIR.from_model(model, path)
+    genai = "genai" in (ir.form, Provenance.from_model(model, path).ir_format)
     return ExportedModel(
-        folder=Path(folder),
+        folder=folder,
         kind=kind,
-        form=form,
-        vocab_size=_int(get_rt_info(model, "ovbuild/vocab_size")) or _last_dim(outputs.get("logits")),
-        hidden_size=_int(get_rt_info(model, hidden_key)),
-        tap_layers=tuple(int(t) for t in taps.split(",") if t),
-        tap_width=_last_dim(tap_port),
-        context_length=_int(get_rt_info(model, "ovbuild/context_length")) or _config_context_length(Path(folder)),
+        form="genai" if genai or "past_lens" not in inputs else "paged",
+        vocab_size=ir.vocab_size or _last_dim(outputs.get("logits")),
+        hidden_size=ir.target_hidden_size if isinstance(ir, DraftIR) else ir.hidden_size,
+        tap_layers=ir.target_layer_ids,
+        tap_width=_last_dim((inputs if kind == "draft" else outputs).get("hidden_states")),
+        context_length=(None if isinstance(ir, DraftIR) else ir.context_length) or _config_context_length(folder),
     )
 
 
@@ -117,10 +114,6 @@ def _config_context_length(folder: Path) -> int | None:
         return parse_target_config(json.loads(path.read_text(encoding="utf-8")), str(path)).context_length
     except (OSError, ValueError, TypeError, AttributeError, OvbuildError):
         return None
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text not in (None, "") else None
 
 
 def _last_dim(port: ov.Output | None) -> int | None:

@@ -25,8 +25,15 @@ def walk(edge_scores: np.ndarray, candidate_begins: np.ndarray) -> np.ndarray:
     return chosen
 
 
+def walk_tokens(
+    candidate_ids: np.ndarray, edge_scores: np.ndarray, candidate_begins: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy walk's token on every row, and the candidate index it took there: ([R] ids, [R] indices)."""
+    chosen = walk(edge_scores, candidate_begins)
+    return np.take_along_axis(np.asarray(candidate_ids), chosen[:, None], -1)[:, 0], chosen
+
+
 def greedy_walk(candidate_ids: np.ndarray, edge_scores: np.ndarray, candidate_begins: np.ndarray) -> list[np.ndarray]:
     """candidate_ids [R, K], edge_scores [R, K, K], candidate_begins [S+1] -> S arrays of proposed token ids."""
-    chosen = walk(edge_scores, candidate_begins)
-    tokens = np.take_along_axis(np.asarray(candidate_ids), chosen[:, None], -1)[:, 0]  # [R]
+    tokens, _ = walk_tokens(candidate_ids, edge_scores, candidate_begins)  # [R]
     return [tokens[b:e] for b, e in pairwise(np.asarray(candidate_begins, np.int64))]

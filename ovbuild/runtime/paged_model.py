@@ -5,14 +5,19 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 
+from ovbuild.contract import gpu_activations_scale_factor
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
-from ovbuild.graph.rt_info import get_rt_info
-from ovbuild.runtime.cache_manager import CacheManager
+from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
+from ovbuild.runtime.state_pool import StatePool, state_specs
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("f32", "bf16", "f16")  # INFERENCE_PRECISION_HINT values; None = the device default
+# A hybrid target's linear-attention states take slots from the cache budget: enough for this many sequences, but at
+# most STATE_SHARE of the budget (the KV blocks get the rest; admission waits for both).
+DEFAULT_STATE_SLOTS = 32
+STATE_SHARE = 0.5
 
 
 def compile_config(
@@ -37,10 +42,9 @@ def compile_config(
         # Per-token keys (values are per token already) leave committed rows as they were written: measured exact
         # against the target alone with the same cache, where the default diverged (bench/bench_kv_cache.py).
         config["KEY_CACHE_QUANT_MODE"] = "BY_TOKEN"
-    minimum = get_rt_info(model, "dflash/gpu_min_activations_scale_factor") if model is not None else None
-    if device.upper().startswith("GPU") and minimum is not None:
-        own = get_rt_info(model, "runtime_options/ACTIVATIONS_SCALE_FACTOR", "0")
-        config["ACTIVATIONS_SCALE_FACTOR"] = str(max(float(own), float(minimum)))
+    scale = gpu_activations_scale_factor(model) if model is not None else None
+    if device.upper().startswith("GPU") and scale is not None:
+        config["ACTIVATIONS_SCALE_FACTOR"] = str(scale)
     return config
 
 
@@ -57,9 +61,12 @@ class PagedModel:
         cache_mb: float = 256,
         num_blocks: int | None = None,
         properties: dict[str, str] | None = None,
+        state_slots: int | None = None,
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes;
-        `properties` (plugin properties) override ovbuild's own."""
+        `properties` (plugin properties) override ovbuild's own. A model with linear-attention states
+        (`conv_state.*`, `recurrent_state.*` inputs) gets a StatePool of `state_slots` sequences (None: from the
+        budget, see DEFAULT_STATE_SLOTS)."""
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
         try:
             self.compiled = core().compile_model(model, device, config)
@@ -72,15 +79,26 @@ class PagedModel:
                 f"KV cache precision '{kv_cache_precision}' does not compile on {device} ({reason})"
             ) from None
         self.request = self.compiled.create_infer_request()
+        specs = state_specs(self.compiled)
+        budget = cache_mb * 2**20
+        self.states: StatePool | None = None
+        if specs:
+            slot_bytes = StatePool.slot_bytes(specs)
+            if state_slots is None:
+                state_slots = max(1, min(DEFAULT_STATE_SLOTS, int(budget * STATE_SHARE // slot_bytes)))
+            self.states = StatePool(specs, state_slots)
+            budget -= state_slots * slot_bytes
         if num_blocks is None:
-            num_blocks = max(1, int(cache_mb * 2**20 // block_bytes(self.compiled)))
+            num_blocks = max(1, int(budget // block_bytes(self.compiled)))
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
 
     @property
     def cache_manager(self) -> CacheManager:
-        """The cache's blocks, as the scheduler reserves them."""
-        return self.cache.allocator
+        """The cache's blocks (and a hybrid target's state slots), as the scheduler reserves them."""
+        if self.states is None:
+            return self.cache.allocator
+        return BlocksAndSlots(self.cache.allocator, self.states)
 
     @property
     def vocab_size(self) -> int | None:
@@ -89,14 +107,26 @@ class PagedModel:
         dim = port.get_partial_shape()[-1] if port is not None else None
         return dim.get_length() if dim is not None and dim.is_static else None
 
-    def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One packed call: rows say which sequences are in it and where they stand; returns every output."""
+    def run(
+        self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows: list[list[int]] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One packed call: rows say which sequences are in it and where they stand; returns every output.
+        With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
+        (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
+        `state_rows` among `inputs`) keeps the states itself, and the pool is left alone."""
+        layout = self.cache.layout(rows)
+        pooled = self.states is not None and "state_rows" not in inputs
+        if pooled:
+            layout |= self.states.inputs(rows, state_rows)
         # shared, not copied: inputs live until the call returns, outputs are read before the next call
-        self.request.infer({**inputs, **self.cache.layout(rows)}, share_inputs=True, share_outputs=True)
-        return {name: self.request.get_tensor(name).data for name in self.output_names}
+        self.request.infer({**inputs, **layout}, share_inputs=True, share_outputs=True)
+        outputs = {name: self.request.get_tensor(name).data for name in self.output_names}
+        if pooled:
+            self.states.report(outputs)
+        return outputs
 
     def free(self, seq_id: int) -> None:
-        """Release the sequence's cache blocks."""
+        """Return the sequence's cache blocks (and its state slot)."""
         self.cache_manager.free(seq_id)
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import openvino as ov
 from tokenizers import Tokenizer
 
+from ovbuild.contract import MODEL_FILE, Identity
 from ovbuild.errors import ConfigError, ExportError, RequestError
 from ovbuild.families import DRAFTERS
-from ovbuild.graph.ir import MODEL_FILE, read_ir
-from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.graph.ir import read_ir
 from ovbuild.runtime.devices import check_device, check_kv_precision
 from ovbuild.runtime.drafters import Drafter
 from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
@@ -171,7 +171,7 @@ def load_drafter(folder: str | Path, options: RuntimeOptions, model: ov.Model | 
 def drafter_class(folder: str | Path, model: ov.Model, options: RuntimeOptions) -> type[Drafter]:
     """The drafter registered for the draft's family, once it is known to take the options given."""
     model_file = Path(folder) / MODEL_FILE
-    family = get_rt_info(model, "ovbuild/family")
+    family = Identity.from_model(model, model_file).family
     if family not in DRAFTERS:
         raise ExportError(f"{model_file}: no drafter for family {family!r} (known: {', '.join(DRAFTERS)})")
     drafter = DRAFTERS[family]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -52,11 +50,10 @@ class PromptLimits:
     context_length: int | None = None
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> PromptLimits:
-        """Read vocab_size and max_position_embeddings from the exported folder's config.json."""
-        path = Path(folder) / "config.json"
-        config = json.loads(path.read_text()) if path.exists() else {}
-        return cls(config.get("vocab_size"), config.get("max_position_embeddings"))
+    def from_pipeline(cls, pipeline) -> PromptLimits:
+        """The limits the pipeline itself enforces: the target IR's vocabulary and the effective max_model_len (the
+        target's context length, or --max-model-len), so the API refuses exactly what the scheduler would."""
+        return cls(pipeline.target.vocab_size, pipeline.max_model_len)
 
     def check_ids(self, ids: list[int]) -> None:
         """Refuse an empty prompt or ids outside the vocabulary before they reach an embedding gather."""

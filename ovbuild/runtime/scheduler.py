@@ -6,7 +6,8 @@ Each step:
      prefilling ones (bounded by max_num_batched_tokens);
   3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token
      (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits);
-     the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them;
+     the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them; a hybrid
+     target's linear-attention states are kept from the last accepted row (ovbuild.runtime.state_pool);
   4. the draft length of every decoding request is chosen (pinned by num_assistant_tokens, else by
      ovbuild.runtime.speculation from measured call costs and each request's acceptance; 0 = no draft for it);
   5. one draft call, when any request drafts, packs per request the target taps it has not seen and a block of the
@@ -49,6 +50,7 @@ class Scheduler:
         """max_model_len: the longest prompt + max_new_tokens a request may ask for (None = no limit);
         speculation: the draft-length planner with its cost models (a pipeline keeps one across runs)."""
         self.target, self.drafter = target, drafter
+        self.states = target.states  # a hybrid target's StatePool, else None
         if drafter is not None and speculation is None:
             speculation = Speculation(drafter.max_candidates, drafter.candidate_offset)
         self.speculation = speculation
@@ -167,10 +169,12 @@ class Scheduler:
         batch = self._target_batch()
         if not batch:
             return []
-        rows, ids, positions, wanted = [], [], [], []
+        rows, ids, positions, wanted, state_rows = [], [], [], [], []
         for request, tokens, want in batch:
             begin = len(ids)
             rows.append(SequenceRows(request.id, request.target_len, len(tokens)))
+            # states after every verification row (the last accepted one is kept), after a prompt chunk's last row
+            state_rows.append(list(range(len(tokens))) if request.status is Status.DECODE else [len(tokens) - 1])
             ids.extend(tokens)
             positions.extend(range(request.target_len, request.target_len + len(tokens)))
             wanted.extend(begin + w for w in want)
@@ -182,6 +186,7 @@ class Scheduler:
                 "position_ids": np.array(positions, np.int64),
                 "logits_indices": np.array(wanted, np.int64),
             },
+            state_rows,
         )
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
@@ -225,6 +230,8 @@ class Scheduler:
 
     def _prefilled(self, request: Request, chunk: list[int], taps, greedy: np.ndarray, logits: np.ndarray) -> None:
         request.target_len += len(chunk)
+        if self.states is not None:
+            self.states.keep(request.id, len(chunk) - 1)
         if taps is not None:
             request.add_taps(taps)
         if request.target_len == len(request.prompt):
@@ -255,12 +262,15 @@ class Scheduler:
         if taps is not None:
             request.add_taps(taps[: accepted + 1])
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
+        if self.states is not None:
+            self.states.keep(request.id, accepted)  # the state after row `accepted`: anchor + accepted drafts
         request.proposal = []
         self._commit(request, committed)
 
     def _commit(self, request: Request, tokens: list[int]) -> None:
         """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
         config = request.config
+        before = len(request.generated)
         for token in tokens:
             if token in config.eos_token_ids:
                 request.finish_reason = "stop"
@@ -270,11 +280,20 @@ class Scheduler:
                 request.finish_reason = "length"
                 break
         if config.stop_strings and self.detokenize is not None:
-            self._check_stop_strings(request)
+            self._check_stop_strings(request, len(request.generated) - before)
         if request.finish_reason is not None:
             request.status = Status.FINISHED
 
-    def _check_stop_strings(self, request: Request) -> None:
+    def _check_stop_strings(self, request: Request, new: int) -> None:
+        stops = request.config.stop_strings
+        # A stop string not seen before ends in the new tokens' text and starts at most len(stop) characters earlier:
+        # at most 4 tokens a character (byte-level tokens), plus slack for a character split at the window's edge.
+        # Decoding only that tail keeps a long generation linear; the whole text is decoded once a stop string shows.
+        window = new + 4 * max(len(s) for s in stops) + 4
+        if len(request.generated) > window:
+            tail = self.detokenize(request.generated[-window:])
+            if not any(s in tail for s in stops):
+                return
         text = self.detokenize(request.generated)
         hits = [i for i in (text.find(s) for s in request.config.stop_strings) if i >= 0]
         if not hits:

@@ -55,7 +55,7 @@ class ServedModel:
             name,
             pipeline.encode,
             GenerationConfig(eos_token_ids=pipeline.eos_token_ids),
-            PromptLimits.from_folder(target_dir),
+            PromptLimits.from_pipeline(pipeline),
             ChatTemplate.from_folder(target_dir),
             default_max_tokens,
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ovbuild.errors import UnsupportedError
+from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.weights.config_reader import ConfigReader
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
@@ -109,7 +109,7 @@ def parse_rope(r: ConfigReader) -> RopeConfig:
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
-        factor=s.float("factor", 1.0),
+        factor=scaling_factor(s, r, rope_type, original),
         original_max_position_embeddings=original,
         beta_fast=s.float("beta_fast", 32.0),
         beta_slow=s.float("beta_slow", 1.0),
@@ -120,3 +120,15 @@ def parse_rope(r: ConfigReader) -> RopeConfig:
         mscale_all_dim=s.float("mscale_all_dim", 0.0),
         truncate=s.bool("truncate", True),
     )
+
+
+def scaling_factor(s: ConfigReader, r: ConfigReader, rope_type: str, original: int) -> float:
+    """`factor` of a scaled rope. YaRN without one stretches the original length to max_position_embeddings (as
+    transformers derives it); the other scaled types cannot guess it."""
+    if s.has("factor"):
+        return s.float("factor")
+    if rope_type == "yarn":
+        return r.int("max_position_embeddings", original) / original
+    if rope_type in ("linear", "llama3"):
+        raise ConfigError(f"{s.where('factor')} is needed for {rope_type} rope")
+    return 1.0

@@ -19,6 +19,7 @@ class TargetConfig(Backbone):
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
     max_position_embeddings: int
+    family: str = "qwen3"
 
     @property
     def context_length(self) -> int:
@@ -31,17 +32,30 @@ class TargetConfig(Backbone):
         return self.max_position_embeddings
 
 
-TARGET_ARCHITECTURES = ("Qwen3ForCausalLM",)
+QWEN3_ARCHITECTURES = ("Qwen3ForCausalLM",)
+# Every architecture `export` treats as a target: dense Qwen3, and the hybrid Qwen3.5 family (weights/hybrid.py),
+# whose mixture-of-experts relatives are listed so that they fail with a clear message.
+SUPPORTED_TARGET_ARCHITECTURES = (*QWEN3_ARCHITECTURES, "Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
+TARGET_ARCHITECTURES = (
+    *SUPPORTED_TARGET_ARCHITECTURES,
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+)
 
 
 def parse_target_config(config: dict, path: str) -> TargetConfig:
-    """Normalize a target's config.json; only dense Qwen3 targets are supported."""
+    """Normalize a target's config.json: dense Qwen3, or a hybrid Qwen3.5-family model."""
+    from ovbuild.weights.hybrid import is_hybrid_config, parse_hybrid_config  # hybrid.py builds on this module
+
+    if is_hybrid_config(config):
+        return parse_hybrid_config(config, path)
     r = ConfigReader(config, path)
     arch = r.architecture()
-    if arch not in TARGET_ARCHITECTURES:
+    if arch not in QWEN3_ARCHITECTURES:
         raise UnsupportedError(
             f"{r.where('architectures')}: unknown target architecture {arch!r} "
-            f"(supported: {', '.join(TARGET_ARCHITECTURES)})"
+            f"(supported: {', '.join(SUPPORTED_TARGET_ARCHITECTURES)})"
         )
     eos = r.int_list("eos_token_id", ())
     return TargetConfig(
@@ -62,7 +76,11 @@ QWEN3_TARGET_TENSORS = {
 
 
 def load_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
-    """Normalized config and tensor source of a target checkpoint."""
+    """Normalized config and tensor source of a target checkpoint (Qwen3 or hybrid Qwen3.5 family)."""
+    from ovbuild.weights.hybrid import is_hybrid_config, load_hybrid_target
+
+    if is_hybrid_config(checkpoint.config):
+        return load_hybrid_target(checkpoint)
     config = parse_target_config(checkpoint.config, str(checkpoint.config_path))
     table = dict(QWEN3_TARGET_TENSORS)
     if config.tie_word_embeddings:

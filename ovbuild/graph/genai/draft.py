@@ -1,8 +1,9 @@
 """DFlash v1 draft in GenAI's stateful form: no embedding, no lm_head; GenAI grafts the target's onto it.
 
 One call = the new context rows (target taps GenAI has not sent before) then the block [seed, mask x N] as
-embeddings. Rows are packed [context; block] and run through the shared layers with token_type_ids 0 / 1, as in the
-paged draft; the context rows' keys/values are stored in the state, the block's are attended to and dropped.
+embeddings. The paged draft's trunk (`draft_trunk`: fc, hidden_norm, the layers on the block rows) builds it, with
+this form's row layout (`StatefulRows`: one sequence, [context; block]) and attention (`StatefulSDPA`): the context
+rows' keys/values are stored in the state, the block's are attended to and dropped.
 
     hidden_states [1, C, n * Ht] ─ fc ─ hidden_norm ─ context [C, H] ──┬──────── keys/values of context rows
     inputs_embeds [1, Q, H] ─ rows ─ concat [C + Q, H] ─ layers ─ block rows after the seed ─ norm ─ last_hidden_state
@@ -14,14 +15,14 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import WeightStorage, write_rt_info
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, norm
-from ovbuild.graph.dflash import draft_rt_info
+from ovbuild.graph.dflash import draft_ir, draft_trunk
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, const, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
@@ -49,29 +50,33 @@ def build_genai_draft(cfg: DraftConfig, weights: WeightSource, policy: WeightPol
         cfg, weights, policy or WeightPolicy(), attention, rotary_tables(positions, cfg.rope, cfg.head_dim)
     )
 
-    context = norm(ctx, ctx.linear(taps, "fc", h, width), "hidden_norm")  # [C, H]
-    token_type_ids = named(
-        ops.concat([ops.broadcast(const(0, np.int32), n_ctx), ops.broadcast(const(1, np.int32), n_block)], 0),
-        "token_type_ids",
-    )  # [C + Q]: 0 context, 1 block
-
-    # The residual stream lives on the block rows only: context rows feed keys and values, nothing reads the rest.
-    first, end = ops.squeeze(n_ctx, i64(0)), ops.squeeze(ops.add(n_ctx, n_block), i64(0))  # [], []
-    block_rows = named(ops.range(first, end, i64(1), ov.Type.i64), "block_rows")  # [Q]: C .. C + Q - 1
-    ctx.queries_on(block_rows)
-
-    def kv_input(u: Output) -> Output:
-        return named(ops.concat([context, u], 0), f"{u.get_node().get_friendly_name()}/kv_input")  # [C + Q, H]
-
-    x = block  # [Q, H]
-    for i in range(cfg.num_layers):
-        x = decoder_layer(ctx, i, x, kv_input, None if cfg.layer_causal[i] else token_type_ids)
+    x = draft_trunk(ctx, cfg, taps, StatefulRows(n_ctx, n_block), lambda block_rows: block, decoder_layer)  # [Q, H]
     candidates = ops.slice(x, i64([1]), i64([END]), i64([1]), i64([0]))  # [Q - 1, H]: seed dropped
     out = ops.unsqueeze(norm(ctx, candidates, "norm"), i64([0]))  # [1, Q - 1, H]
     params = [inputs_embeds, hidden_states, position_ids, attention_mask]
     model = ov.Model([result(out, "last_hidden_state")], attention.sinks, params, f"ovbuild_{cfg.family}_draft_genai")
-    set_rt_info(model, {**draft_rt_info(cfg), "dflash_mode": "True", "ovbuild/form": "genai"})
+    # The GenAI form has always recorded the weight format alone (optimum's sym / group size are not written).
+    write_rt_info(model, draft_ir(cfg, form="genai"), WeightStorage(ctx.policy.weight_format))
     return model
+
+
+class StatefulRows:
+    """One sequence per call, packed [C context rows ; Q block rows]; context features exist for context rows only."""
+
+    def __init__(self, n_ctx: Output, n_block: Output):
+        self.n_ctx, self.n_block = n_ctx, n_block  # [1], [1]
+
+    def split(self) -> tuple[Output, Output]:
+        context = ops.broadcast(const(0, np.int32), self.n_ctx)  # [C]
+        block = ops.broadcast(const(1, np.int32), self.n_block)  # [Q]
+        token_type_ids = named(ops.concat([context, block], 0), "token_type_ids")  # [C + Q]
+        first, end = ops.squeeze(self.n_ctx, i64(0)), ops.squeeze(ops.add(self.n_ctx, self.n_block), i64(0))  # [], []
+        block_rows = named(ops.range(first, end, i64(1), ov.Type.i64), "block_rows")  # [Q]: C .. C + Q - 1
+        return token_type_ids, block_rows  # [C + Q], [Q]
+
+    def kv_input(self, context: Output, block_rows: Output, u: Output) -> Output:
+        """The context features followed by the block rows' state: [C + Q, H]."""
+        return named(ops.concat([context, u], 0), f"{u.get_node().get_friendly_name()}/kv_input")
 
 
 def check_genai_draft(cfg: DraftConfig) -> None:

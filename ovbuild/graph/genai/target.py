@@ -8,23 +8,20 @@ taps, found through the `hidden_states_decoder_layers` rt_info: one [B, S, H] no
 
 from __future__ import annotations
 
-import json
-
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.contract import LOCATORS_KEY as LOCATORS_KEY  # GenAI's locator key, re-exported
+from ovbuild.contract import HeadGeometry, TargetIR, WeightStorage, write_rt_info
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.context import BuildContext
-from ovbuild.graph.decoder import decoder_layer, embedding, lm_head, norm
+from ovbuild.graph.decoder import decoder_stack, embedding, lm_head
 from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
-from ovbuild.graph.rt_info import common_rt_info, set_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
-
-LOCATORS_KEY = "hidden_states_decoder_layers"
 
 
 def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightPolicy | None = None) -> ov.Model:
@@ -44,15 +41,16 @@ def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightP
     per_sequence = ops.concat([batch_seq, i64([cfg.hidden_size])], 0)  # B, S, H
     x = embedding(ctx, weights, ops.reshape(input_ids, i64([-1]), False).output(0))  # [T, H]
     locators = {}
-    for i in range(cfg.num_layers - 1):
-        tap = _per_sequence(decoder_layer(ctx, i, x), per_sequence, f"layers.{i}/hidden_state")  # [B, S, H]
-        locators[i] = tap.get_node().get_friendly_name()
-        x = ops.reshape(tap, i64([-1, cfg.hidden_size]), False).output(0)  # [T, H]
-    last = cfg.num_layers - 1
-    x = decoder_layer(ctx, last, x)
-    # transformers reports the last layer's output after the final norm; so do the reference and GenAI's exporter.
-    h = _per_sequence(norm(ctx, x, "norm"), per_sequence, "norm/hidden_state")  # [B, S, H]
-    locators[last] = h.get_node().get_friendly_name()
+
+    def tap(i: int, y: Output) -> Output:
+        """Layer i's output goes on through its [B, S, H] view, the node GenAI reads it from."""
+        state = _per_sequence(y, per_sequence, f"layers.{i}/hidden_state")  # [B, S, H]
+        locators[i] = state.get_node().get_friendly_name()
+        return ops.reshape(state, i64([-1, cfg.hidden_size]), False).output(0)  # [T, H]
+
+    states = decoder_stack(ctx, x, tap)
+    h = _per_sequence(states[-1], per_sequence, "norm/hidden_state")  # [B, S, H]: the last layer's, after the norm
+    locators[cfg.num_layers - 1] = h.get_node().get_friendly_name()
     logits = lm_head(ctx, weights, h)  # [B, S, V], the MatMul itself feeds the Result (GenAI grafts its weight)
     model = ov.Model(
         [result(logits, "logits")],
@@ -60,33 +58,32 @@ def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightP
         [input_ids, attention_mask, position_ids, beam_idx],
         "ovbuild_qwen3_target_genai",
     )
-    set_rt_info(
-        model,
-        {
-            **common_rt_info("target", "qwen3", cfg.num_kv_heads, cfg.head_dim),
-            LOCATORS_KEY: hidden_state_locators(locators),
-            "ovbuild/form": "genai",
-            "ovbuild/vocab_size": cfg.vocab_size,
-            "ovbuild/hidden_size": cfg.hidden_size,
-        },
+    info = TargetIR(
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        form="genai",
+        hidden_state_locators=locators,
     )
+    # The GenAI form has always recorded the weight format alone (optimum's sym / group size are not written).
+    write_rt_info(model, info, WeightStorage(ctx.policy.weight_format))
     return model
 
 
 def check_genai_target(cfg: TargetConfig) -> None:
-    """GenAI carries a sliding window through its PagedAttention conversion only for Phi-3 / gpt-oss mask patterns."""
+    """GenAI carries a sliding window through its PagedAttention conversion only for Phi-3 / gpt-oss mask patterns;
+    hybrid targets (linear-attention layers) have no stateful SDPA form here."""
+    if cfg.family != "qwen3":
+        raise UnsupportedError(
+            f"{cfg.architecture} ({cfg.family}) has linear-attention layers: the genai IR format covers dense Qwen3 "
+            "targets only; export the paged form instead"
+        )
     windowed = [i for i, w in enumerate(cfg.sliding_windows) if w]
     if windowed:
         raise UnsupportedError(
             f"target layers {windowed} use a sliding window: OpenVINO GenAI 2026.4's SDPA->PagedAttention conversion "
             "would drop it (it reads windows only from Phi-3 and gpt-oss mask patterns); export the paged form instead"
         )
-
-
-def hidden_state_locators(producers: dict[int, str]) -> str:
-    """The `hidden_states_decoder_layers` JSON: layer id -> producing node (friendly name) and output index."""
-    layers = {str(i): {"producer": name, "output_index": 0} for i, name in sorted(producers.items())}
-    return json.dumps({"layers": layers}, separators=(",", ":"))
 
 
 def _per_sequence(rows: Output, shape: Output, path: str) -> Output:

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
+from ovbuild.contract import DraftIR
 from ovbuild.graph.ir import read_ir
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, sampled_proposal
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -34,10 +34,9 @@ class BlockDrafter(Drafter):
         cache_mb: float = 256,
         num_blocks: int | None = None,
     ):
-        self.block_size = int(get_rt_info(model, "dflash/block_size"))
-        self.mask_token_id = int(get_rt_info(model, "dflash/mask_token_id"))
-        self.candidate_offset = int(get_rt_info(model, "dflash/candidate_offset", "1"))
-        self.target_layer_ids = tuple(int(t) for t in get_rt_info(model, "dflash/target_layer_ids").split(","))
+        self.ir = DraftIR.from_model(model)
+        self.block_size, self.mask_token_id = self.ir.block_size, self.ir.mask_token_id
+        self.candidate_offset, self.target_layer_ids = self.ir.candidate_offset, self.ir.target_layer_ids
         self.max_candidates = self.block_size - self.candidate_offset
         self.tap_width = model.input("hidden_states").get_partial_shape()[1].get_length()
         self.model = PagedModel(

@@ -9,23 +9,18 @@ confidence head and a threshold > 0, a proposal stops before the first row whose
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import numpy as np
 import openvino as ov
 
 from ovbuild.errors import ConfigError, UnsupportedError
-from ovbuild.graph.ir import core, read_ir
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.drafters.base import DrafterOption, DraftItem, sampled_proposal
-from ovbuild.runtime.drafters.block import BlockDrafter
-from ovbuild.runtime.lattice import walk
+from ovbuild.runtime.drafters.markov import MarkovDrafter
+from ovbuild.runtime.lattice import walk_tokens
 
 MARKOV_MODES = ("chain", "lattice")
 
 
-class DSparkDrafter(BlockDrafter):
+class DSparkDrafter(MarkovDrafter):
     """A DSpark or DeepSpec DFlash draft; markov_mode: chain (exact greedy) or lattice; confidence_threshold 0 = off."""
 
     OPTIONS = (
@@ -47,47 +42,26 @@ class DSparkDrafter(BlockDrafter):
         markov_mode: str = "chain",
         confidence_threshold: float = 0.0,
         device: str = "CPU",
-        kv_cache_precision: str = "u8",
-        inference_precision: str | None = None,
-        *,
-        cache_mb: float = 256,
-        num_blocks: int | None = None,
+        **options,
     ):
-        super().__init__(
-            model, device, kv_cache_precision, inference_precision, cache_mb=cache_mb, num_blocks=num_blocks
-        )
         if markov_mode not in MARKOV_MODES:
             raise ConfigError(f"markov_mode '{markov_mode}' is not one of {', '.join(MARKOV_MODES)}")
         if not 0.0 <= confidence_threshold <= 1.0:
             raise ConfigError(f"confidence_threshold = {confidence_threshold} must lie in [0, 1] (0 = off)")
+        super().__init__(model, head, device, **options)
         self.markov_mode, self.confidence_threshold = markov_mode, confidence_threshold
-        self.head = None
-        outputs = {o.get_any_name() for o in model.outputs}
-        if head is None and get_rt_info(model, "ovbuild/markov_head"):
-            raise ConfigError("this DSpark draft has a Markov head: pass its IR (openvino_markov_head_model.xml)")
+        if head is None and self.ir.markov_head:
+            raise ConfigError(f"this DSpark draft has a Markov head: pass its IR ({self.ir.markov_head}.xml)")
         if head is None and markov_mode == "lattice":
             raise UnsupportedError("markov_mode 'lattice': this draft has no Markov head (markov_rank 0)")
-        if head is not None:
-            modes = get_rt_info(head, "markov_head_mode", "").split(",")
-            if markov_mode not in modes:
-                raise UnsupportedError(
-                    f"the Markov head IR holds the {' and '.join(modes)} form, not the {markov_mode} (rebuild the "
-                    "head with the lattice: ovbuild.graph.dspark.build_lattice_markov_head)"
-                )
-            # f32 unless asked otherwise: the head is tiny, and its argmaxes over biased logits must not flip on
-            # rounding (the CPU's default inference precision may be bf16).
-            self.head = core().compile_model(head, device, {"INFERENCE_PRECISION_HINT": inference_precision or "f32"})
-            self.head_inputs = {i.get_any_name() for i in head.inputs}
-            outputs |= {o.get_any_name() for o in head.outputs}
+        if head is not None and markov_mode not in self.head_ir.forms:
+            raise UnsupportedError(
+                f"the Markov head IR holds the {' and '.join(self.head_ir.forms)} form, not the {markov_mode} "
+                "(rebuild the head with the lattice: ovbuild.graph.dspark.build_lattice_markov_head)"
+            )
+        outputs = {o.get_any_name() for o in model.outputs} | self.head_outputs
         if confidence_threshold > 0 and "confidence" not in outputs and "predecessor_confidence" not in outputs:
             raise UnsupportedError(f"confidence_threshold = {confidence_threshold}: this draft has no confidence head")
-
-    @classmethod
-    def from_folder(cls, folder: str | Path, model: ov.Model | None = None, **options) -> DSparkDrafter:
-        """The backbone IR and, when the backbone names one, the Markov head IR of an exported folder."""
-        model = read_ir(folder) if model is None else model
-        stem = get_rt_info(model, "ovbuild/markov_head")
-        return cls(model, read_ir(Path(folder) / f"{stem}.xml") if stem else None, **options)
 
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
@@ -96,15 +70,14 @@ class DSparkDrafter(BlockDrafter):
         if candidate_begins[-1] == 0:  # context rows only (prompts still prefilling): nothing to propose
             return [[] for _ in items]
         if self.head is not None:
-            outputs = {**outputs, **self._run_head(items, outputs, candidate_begins)}
+            outputs = {**outputs, **self.run_head(items, outputs, candidate_begins)}
         confidence = outputs.get("confidence")  # [R]
         if self.head is None:
             tokens = outputs["greedy_ids"]
         elif self.markov_mode == "chain":
             tokens = outputs["chain_ids"]
         else:
-            chosen = walk(outputs["edge_scores"], candidate_begins)  # [R]
-            tokens = np.take_along_axis(outputs["candidate_ids"], chosen[:, None], -1)[:, 0]
+            tokens, chosen = walk_tokens(outputs["candidate_ids"], outputs["edge_scores"], candidate_begins)  # [R], [R]
             if "predecessor_confidence" in outputs:
                 previous = previous_choice(chosen, candidate_begins)  # [R]
                 confidence = np.take_along_axis(outputs["predecessor_confidence"], previous[:, None], -1)[:, 0]
@@ -117,20 +90,6 @@ class DSparkDrafter(BlockDrafter):
             else:
                 proposals.append(tokens[b:e][: min(keep, item.num_tokens)].tolist())
         return proposals
-
-    def _run_head(
-        self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
-    ) -> dict[str, np.ndarray]:
-        inputs = {
-            "logits": outputs["logits"],
-            "prev_token_ids": np.array([item.anchor or 0 for item in items], np.int64),
-            "candidate_begins": candidate_begins.astype(np.int32),
-            "draft_hidden_states": outputs["last_hidden_state"],
-        }
-        start = time.perf_counter()
-        result = self.head({k: v for k, v in inputs.items() if k in self.head_inputs})
-        self.infer_s += time.perf_counter() - start
-        return {port.get_any_name(): value for port, value in result.items()}
 
 
 def confident_rows(confidence: np.ndarray, threshold: float) -> int:

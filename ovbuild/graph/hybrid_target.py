@@ -1,0 +1,98 @@
+"""Paged hybrid Qwen3.5-family target: the Qwen3 target's inputs and outputs, plus each linear layer's states.
+
+Inputs: as graph/target.py (key_cache.N / value_cache.N for the full-attention layers N only), and per linear layer N
+conv_state.N [S, conv_dim, K-1] and recurrent_state.N [S, Hv, Dk, Dv] (each sequence's state before its first new
+row, in subsequence_begins order), and state_rows [Q] i64. Outputs: logits, greedy_ids, hidden_states (with taps),
+conv_state_out.N [Q, conv_dim, K-1] and recurrent_state_out.N [Q, Hv, Dk, Dv], the states right after each state
+row. The contract is written out in docs/hybrid.md.
+"""
+
+from __future__ import annotations
+
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.contract import HeadGeometry, HybridKeys, TargetIR, write_rt_info
+from ovbuild.graph.context import BuildContext
+from ovbuild.graph.decoder import embedding, mlp
+from ovbuild.graph.gated_attention import gated_attention, zero_centered_norm
+from ovbuild.graph.gated_delta import gated_delta_net, step_grid
+from ovbuild.graph.ops import named, parameter, result
+from ovbuild.graph.paged_attention import PagedInputs
+from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.target import target_outputs
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.weights.draft_config import check_target_layer_ids
+from ovbuild.weights.hybrid import HybridTargetConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+
+def build_hybrid_target(
+    cfg: HybridTargetConfig,
+    weights: WeightSource,
+    target_layer_ids: tuple[int, ...] = (),
+    policy: WeightPolicy | None = None,
+) -> ov.Model:
+    """The paged hybrid target IR with the layer outputs at `target_layer_ids` concatenated as hidden_states."""
+    if target_layer_ids:
+        check_target_layer_ids(tuple(target_layer_ids), cfg.num_layers, "target_layer_ids")
+    input_ids = parameter("input_ids", [-1], ov.Type.i64)
+    position_ids = parameter("position_ids", [-1], ov.Type.i64)
+    logits_indices = parameter("logits_indices", [-1], ov.Type.i64)
+    state_rows = parameter("state_rows", [-1], ov.Type.i64)
+    paged = PagedInputs()
+    tables = rotary_tables(position_ids.output(0), cfg.rope, cfg.rotary_dim)
+    ctx = BuildContext(cfg, weights, policy or WeightPolicy(), paged, tables)
+    grid = step_grid(paged.sequence["subsequence_begins"].output(0), state_rows.output(0), input_ids.output(0))
+    kernel, heads = cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads
+    state_inputs, state_outputs = [], []
+    x = embedding(ctx, weights, input_ids.output(0))  # [T, H]
+    layer_outputs = []
+    for i, kind in enumerate(cfg.layer_types):
+        u = zero_centered_norm(ctx, x, f"layers.{i}.input_layernorm", cfg.hidden_size)
+        if kind == "full_attention":
+            mixed = gated_attention(ctx, i, u)
+        else:
+            conv_in = parameter(f"conv_state.{i}", [-1, cfg.conv_dim, kernel - 1], ov.Type.f32)
+            shape = [-1, heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim]
+            recurrent_in = parameter(f"recurrent_state.{i}", shape, ov.Type.f32)
+            mixed, conv_out, recurrent_out = gated_delta_net(ctx, i, u, grid, conv_in.output(0), recurrent_in.output(0))
+            state_inputs += [conv_in, recurrent_in]
+            state_outputs += [
+                result(conv_out, f"conv_state_out.{i}"),
+                result(recurrent_out, f"recurrent_state_out.{i}"),
+            ]
+        x = named(ops.add(x, mixed), f"layers.{i}/mixer_residual")
+        m = mlp(ctx, i, zero_centered_norm(ctx, x, f"layers.{i}.post_attention_layernorm", cfg.hidden_size))
+        x = named(ops.add(x, m), f"layers.{i}/output")
+        layer_outputs.append(x)
+    h = zero_centered_norm(ctx, x, "norm", cfg.hidden_size)  # [T, H]
+    layer_outputs[-1] = h  # the last layer's tap is taken after the final norm, as transformers reports it
+    outputs = target_outputs(ctx, weights, layer_outputs, logits_indices.output(0), target_layer_ids)
+    params = [input_ids, position_ids, *paged.parameters, logits_indices, state_rows, *state_inputs]
+    model = ov.Model([*outputs, *state_outputs], params, "ovbuild_qwen3_5_target")
+    write_rt_info(model, *hybrid_rt_info(cfg, target_layer_ids), ctx.policy.storage())
+    return model
+
+
+def hybrid_rt_info(cfg: HybridTargetConfig, taps: tuple[int, ...]) -> tuple[TargetIR, HybridKeys]:
+    """The Qwen3 target's contract plus the layer pattern and what the runtime needs to size the state pool."""
+    target = TargetIR(
+        heads=HeadGeometry(cfg.num_kv_heads, cfg.head_dim),
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        target_layer_ids=tuple(taps),
+        context_length=cfg.context_length,
+        family=cfg.family,
+    )
+    hybrid = HybridKeys(
+        layer_types=tuple(cfg.layer_types),
+        layer_pattern=cfg.layer_pattern,
+        linear_layers=tuple(cfg.linear_layers),
+        conv_dim=cfg.conv_dim,
+        conv_kernel=cfg.linear_conv_kernel_dim,
+        num_v_heads=cfg.linear_num_value_heads,
+        k_head_dim=cfg.linear_key_head_dim,
+        v_head_dim=cfg.linear_value_head_dim,
+    )
+    return target, hybrid
