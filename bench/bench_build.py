@@ -20,11 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from ovbuild.families import build_draft_models, load_draft
 from ovbuild.graph.ir import save_ir
-from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 from shapes import write_draft, write_target

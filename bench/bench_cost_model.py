@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
@@ -53,7 +54,6 @@ from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, Speculation
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 from shapes import QWEN3_4B_DFLASH_B16, QWEN36_SCALED_DFLASH, write_draft, write_hybrid_target, write_target

@@ -24,6 +24,7 @@ from unittest import mock
 import numpy as np
 import openvino as ov
 
+from ovbuild.families import load_draft
 from ovbuild.graph import dflash
 from ovbuild.graph.dflash2 import build_dflash2_draft
 from ovbuild.graph.paged_attention import PagedInputs
@@ -31,7 +32,6 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.testing import TINY_DFLASH2, write_tiny_dflash2, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 GEOMETRY = dict(hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=2, head_dim=64)

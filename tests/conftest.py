@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ovbuild.families import load_draft
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 

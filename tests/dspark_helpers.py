@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ovbuild.families import load_draft
 from ovbuild.testing import write_tiny_dspark
 from ovbuild.testing.tokenizer import MASK_ID
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 
 BLOCK = 7
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ovbuild.runtime.cache_manager import BlocksAndSlots
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.kv_cache import BlockAllocator, SequenceRows
 from ovbuild.runtime.state_pool import StatePool, StateSpec
@@ -66,7 +67,8 @@ def toy_call(pool: StatePool, rows: list[SequenceRows], ids: list[int], keep_row
 
 class ToyHybridTarget:
     """Stands in for a compiled hybrid target where the scheduler touches it: a KV block allocator (the toy keeps no
-    keys), a StatePool, `run`, `free`, and the greedy/logits/hidden_states outputs of a paged target."""
+    keys) and a StatePool behind one cache manager, `run`, `free`, and the greedy/logits/hidden_states outputs of a
+    paged target."""
 
     vocab_size = VOCAB
 
@@ -74,6 +76,7 @@ class ToyHybridTarget:
         self.cache = type("Cache", (), {})()
         self.cache.allocator = BlockAllocator(num_blocks, 16)
         self.states = StatePool(SPECS, slots)
+        self.cache_manager = BlocksAndSlots(self.cache.allocator, self.states)
         self.calls = 0
 
     def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows=None) -> dict[str, np.ndarray]:
@@ -88,8 +91,7 @@ class ToyHybridTarget:
         return {"greedy_ids": greedy[wanted], "logits": logits, "hidden_states": hidden}
 
     def free(self, seq_id: int) -> None:
-        self.cache.allocator.free(seq_id)
-        self.states.free(seq_id)
+        self.cache_manager.free(seq_id)
 
 
 class RandomDrafter(Drafter):
@@ -99,7 +101,11 @@ class RandomDrafter(Drafter):
 
     def __init__(self, seed: int = 0):
         self.rng = np.random.default_rng(seed)
-        self.live: set[int] = set()
+        self.blocks = BlockAllocator(4096, 16)  # the toy draft keeps no cache: room for any test
+
+    @property
+    def cache_manager(self) -> BlockAllocator:
+        return self.blocks
 
     @classmethod
     def from_folder(cls, folder, model=None, **options) -> RandomDrafter:
@@ -108,14 +114,5 @@ class RandomDrafter(Drafter):
     def propose(self, items: list[DraftItem]) -> list[list[int]]:
         return [self.rng.integers(0, VOCAB, i.num_tokens if i.anchor is not None else 0).tolist() for i in items]
 
-    def can_hold(self, seq_id: int, length: int) -> bool:
-        return True
-
-    def fits(self, length: int) -> bool:
-        return True
-
-    def reserve(self, seq_id: int, length: int) -> None:
-        self.live.add(seq_id)
-
     def free(self, seq_id: int) -> None:
-        self.live.discard(seq_id)
+        self.blocks.free(seq_id)

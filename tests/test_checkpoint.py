@@ -10,7 +10,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from ovbuild.errors import CheckpointError, TensorError
-from ovbuild.testing import write_tiny_target
+from ovbuild.families import load_draft
+from ovbuild.testing import write_tiny_dspark, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.dtypes import bf16_to_f32, f32_to_bf16
 from ovbuild.weights.safetensors_file import SafetensorsFile, write_safetensors
@@ -65,6 +66,18 @@ def test_missing_tensor_and_wrong_shape_name_the_tensor(tiny_target):
         ckpt.get("model.layers.9.mlp.up_proj.weight")
     with pytest.raises(TensorError, match=r"'model.norm.weight' has shape \[64\], expected \[65\]"):
         ckpt.get("model.norm.weight", (65,))
+
+
+def test_weight_source_has_only_the_tensors_its_table_names_and_the_checkpoint_holds(draft, tmp_path):
+    """`has` answers for any name (a DFlash draft borrows embed_tokens: its table has no row for it); `get` of a
+    name outside the table is an error naming it."""
+    dcfg, weights = draft
+    assert weights.has("fc") and weights.has("layers.0.mlp.up_proj")
+    assert not weights.has(f"layers.{dcfg.num_layers}.mlp.up_proj") and not weights.has("embed_tokens")
+    own = load_draft(Checkpoint.open(write_tiny_dspark(tmp_path / "dspark")))[1]
+    assert own.has("embed_tokens") and own.has("lm_head")
+    with pytest.raises(TensorError, match="no tensor 'embed_tokens' in this architecture's name table"):
+        weights.get("embed_tokens")
 
 
 def test_truncated_file_is_reported(tiny_target, tmp_path):

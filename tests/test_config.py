@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import ConfigError, UnsupportedError
+from ovbuild.families import detect_layout
 from ovbuild.testing import TINY_DRAFT, TINY_TARGET
 from ovbuild.weights.draft_config import default_target_layer_ids
-from ovbuild.weights.families import detect_family
 from ovbuild.weights.rope import RopeConfig
 from ovbuild.weights.target import parse_target_config
 
@@ -23,8 +23,8 @@ def draft_config(**changes):
     cfg.update(changes)
     if nested is not None:
         cfg["dflash_config"] = nested
-    family = detect_family(cfg, "draft/config.json")
-    return family.parse(ConfigReader(cfg, "draft/config.json"))
+    layout = detect_layout(cfg, "draft/config.json")
+    return layout.parse(ConfigReader(cfg, "draft/config.json"))
 
 
 def test_tiny_draft_normalizes_like_a_z_lab_checkpoint():
@@ -90,7 +90,7 @@ def test_wrong_type_is_named():
 
 def test_unknown_architectures_are_refused():
     with pytest.raises(UnsupportedError, match="unknown draft architecture 'EagleDraft'"):
-        detect_family({**TINY_DRAFT, "architectures": ["EagleDraft"]}, "d/config.json")
+        detect_layout({**TINY_DRAFT, "architectures": ["EagleDraft"]}, "d/config.json")
     with pytest.raises(UnsupportedError, match="unknown target architecture 'LlamaForCausalLM'"):
         parse_target_config({**TINY_TARGET, "architectures": ["LlamaForCausalLM"]}, "t/config.json")
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ovbuild.families import DRAFT_REFERENCES, build_draft_models, load_draft
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.target import build_target
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference import DRAFT_REFERENCES
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import (
     F32_NMSE,
@@ -27,7 +26,6 @@ from ovbuild.testing import (
 )
 from ovbuild.testing.tokenizer import MASK_ID
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target, parse_target_config
 
 from paged_helpers import run_draft, run_target

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from ovbuild.errors import ConfigError
+from ovbuild.families import detect_layout, load_draft
 from ovbuild.testing import TINY_DFLASH2, write_tiny_dflash2
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
-from ovbuild.weights.families import detect_family, load_draft
 from ovbuild.weights.families.dflash2 import DFlash2Config
 
 WHERE = "draft/config.json"
@@ -22,7 +22,7 @@ def parse(nested: dict | None = None, **flat) -> DFlash2Config:
     cfg["dflash_config"].update(nested or {})
     cfg["dflash_config"] = {k: v for k, v in cfg["dflash_config"].items() if v is not None}
     cfg.update(flat)
-    return detect_family(cfg, WHERE).parse(ConfigReader(cfg, WHERE))
+    return detect_layout(cfg, WHERE).parse(ConfigReader(cfg, WHERE))
 
 
 def test_tiny_v2_draft_normalizes_like_a_published_checkpoint():

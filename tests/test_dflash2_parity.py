@@ -6,11 +6,11 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from ovbuild.families import build_draft_models, load_draft
 from ovbuild.graph import dflash
 from ovbuild.graph.dflash2 import build_dflash2_draft, build_markov_head
 from ovbuild.graph.ir import core, read_ir, save_ir
 from ovbuild.graph.paged_attention import PagedInputs
-from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -20,7 +20,6 @@ from ovbuild.runtime.reference.dflash2 import DFlash2Reference
 from ovbuild.runtime.reference.dflash2 import greedy_walk as reference_walk
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash2, write_tiny_dflash2_short_window
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 
 from paged_helpers import run_draft
 

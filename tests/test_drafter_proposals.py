@@ -7,14 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ovbuild.graph.registry import build_draft_models
-from ovbuild.runtime.drafters import DRAFTERS, DraftItem
-from ovbuild.runtime.reference import DRAFT_REFERENCES
-from ovbuild.testing import write_tiny_dflash, write_tiny_dspark
+from ovbuild.families import DFLASH, DRAFT_REFERENCES, DRAFTERS, DSPARK, build_draft_models, load_draft
+from ovbuild.runtime.drafters import DraftItem
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 
-WRITERS = {"dflash": write_tiny_dflash, "deepspec_dflash": lambda folder: write_tiny_dspark(folder, "deepspec_dflash")}
+WRITERS = {"dflash": DFLASH.tiny["dflash"], "deepspec_dflash": DSPARK.tiny["dspark_deepspec_dflash"]}  # no heads
 # per step: (seq, context rows, anchor or None, tokens wanted)
 STEPS = [
     [(0, 9, 17, 7), (1, 4, 40, 3), (2, 12, None, 0)],

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from ovbuild.errors import ConfigError, UnsupportedError
+from ovbuild.families import detect_layout
 from ovbuild.testing import DSPARK_KINDS, TINY_DSPARK
 from ovbuild.weights.config_reader import ConfigReader
-from ovbuild.weights.families import detect_family
 
 
 def dspark_config(kind: str = "vanilla", drop: tuple[str, ...] = (), **changes):
     cfg = {**TINY_DSPARK, **DSPARK_KINDS[kind], **changes}
     for key in drop:
         cfg.pop(key)
-    family = detect_family(cfg, "dspark/config.json")
-    return family.parse(ConfigReader(cfg, "dspark/config.json"))
+    layout = detect_layout(cfg, "dspark/config.json")
+    return layout.parse(ConfigReader(cfg, "dspark/config.json"))
 
 
 def test_dspark_normalizes_with_candidate_offset_zero():

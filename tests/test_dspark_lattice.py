@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import ConfigError
-from ovbuild.graph.dspark import build_dspark_draft
-from ovbuild.graph.dspark_lattice import build_lattice_markov_head
+from ovbuild.graph.dspark import build_dspark_draft, build_lattice_markov_head
 from ovbuild.graph.ir import core
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.target import build_target

@@ -7,13 +7,12 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from ovbuild.families import DRAFT_REFERENCES, build_draft_models
 from ovbuild.graph.dspark import MARKOV_HEAD, build_dspark_draft, build_markov_head
 from ovbuild.graph.ir import core
-from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference import DRAFT_REFERENCES
 from ovbuild.runtime.reference.dspark import DSparkReference, sigmoid
 from ovbuild.testing import F32_NMSE
 

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from ovbuild import __version__
 from ovbuild.export.inspection import constants, flatten
 from ovbuild.export.weight_formats import WEIGHT_FORMATS
+from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import core, read_ir
 from ovbuild.graph.rt_info import get_rt_info
@@ -26,7 +27,6 @@ from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import F32_NMSE
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.safetensors_file import SafetensorsFile, write_safetensors
 from ovbuild.weights.tensor import WeightTensor
 

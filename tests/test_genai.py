@@ -19,6 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from ovbuild.errors import UnsupportedError
 from ovbuild.export import export
 from ovbuild.export.tokenizer import SpecialTokens, convert_tokenizer
+from ovbuild.families import load_draft
 from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.genai.target import LOCATORS_KEY, build_genai_target
 from ovbuild.graph.ir import MODEL_FILE, core
@@ -27,7 +28,6 @@ from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tokenizer import byte_level_tokenizer
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from ovbuild.graph.registry import build_draft_models
+from ovbuild.families import build_draft_models
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.testing import write_tiny_target

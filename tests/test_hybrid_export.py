@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from ovbuild.families import load_draft
 from ovbuild.graph.ir import read_ir
 from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.runtime.paged_model import PagedModel
@@ -15,7 +16,6 @@ from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.testing import F32_NMSE
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 from export_helpers import DRAFT_SCHEDULE, assert_clean_error, ovbuild

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from test_speculative import assert_accepted, prompts, run
 
+from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.runtime.drafters import BlockDrafter
@@ -18,7 +19,6 @@ from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID_TEXT, write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 F32 = dict(kv_cache_precision="f32")

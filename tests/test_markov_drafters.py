@@ -7,15 +7,12 @@ import pytest
 
 import ovbuild.runtime.drafters.markov as markov
 from ovbuild.errors import ConfigError
+from ovbuild.families import DFLASH2, DRAFTERS, DSPARK, build_draft_models, load_draft
 from ovbuild.graph.ir import core, save_ir
-from ovbuild.graph.registry import build_draft_models
-from ovbuild.runtime.drafters import DRAFTERS, LatticeDrafter
-from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2
-from ovbuild.testing.tiny_dspark import write_tiny_dspark
+from ovbuild.runtime.drafters import LatticeDrafter
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 
-WRITERS = {"dflash2": write_tiny_dflash2, "dspark": lambda folder: write_tiny_dspark(folder, "gated")}
+WRITERS = {"dflash2": DFLASH2.tiny["dflash2"], "dspark": DSPARK.tiny["dspark_gated"]}
 
 
 @pytest.fixture(scope="module")

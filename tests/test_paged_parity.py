@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import read_ir, save_ir
 from ovbuild.graph.target import build_target
@@ -13,7 +14,6 @@ from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import F32_NMSE, write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 from paged_helpers import run_draft, run_target

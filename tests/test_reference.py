@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 
 import ovbuild.runtime.reference
+from ovbuild.families import load_draft
 from ovbuild.runtime.reference import dflash as reference_dflash
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import nmse, write_tiny_dflash
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 from ovbuild.weights.target import load_target
 
 F64_NMSE = 1e-24  # two float64 computations of the same thing, summed in another order

@@ -5,26 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ovbuild.families import DRAFTERS, FAMILIES, build_draft_models, load_draft
 from ovbuild.graph.ir import save_ir
-from ovbuild.graph.registry import build_draft_models
 from ovbuild.graph.target import build_target
-from ovbuild.runtime.drafters import DRAFTERS
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2, write_tiny_dflash2_short_window
-from ovbuild.testing.tiny_dspark import write_tiny_dspark
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.families import load_draft
 
 F32 = dict(kv_cache_precision="f32")
-WRITERS = {
-    "dflash2": write_tiny_dflash2,
-    "dspark": lambda folder: write_tiny_dspark(folder, "gated"),
-    "deepspec_dflash": lambda folder: write_tiny_dspark(folder, "deepspec_dflash"),
-}
+WRITERS = {name: write for family in FAMILIES for name, write in family.tiny.items()}  # every kind of every family
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))
@@ -94,8 +87,8 @@ def test_sampling_is_reproducible_and_point_mass_families_give_the_target_alone_
 @pytest.mark.parametrize("writer", [write_tiny_dflash2, write_tiny_dflash2_short_window])
 def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target, writer):
     """Window 10 above block 8, and window 4 below block 7."""
+    from ovbuild.families import DRAFT_REFERENCES
     from ovbuild.runtime.drafters import DraftItem
-    from ovbuild.runtime.reference import DRAFT_REFERENCES
     from ovbuild.runtime.reference.dflash2 import greedy_walk
 
     dcfg, dweights = load_draft(Checkpoint.open(writer(tmp_path / "ckpt")))

@@ -8,7 +8,8 @@ import pytest
 from state_helpers import SPECS, RandomDrafter, ToyHybridTarget, replay, toy_call
 
 from ovbuild.errors import CacheExhaustedError
-from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.cache_manager import BlocksAndSlots
+from ovbuild.runtime.kv_cache import BlockAllocator, SequenceRows
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.state_pool import StatePool
@@ -112,6 +113,26 @@ def test_misuse_is_refused_with_the_sequence_named():
         pool.keep(0, 1)
     pool.keep(0, 0)
     assert_same(held(pool, 0), replay([1]))
+
+
+def test_a_hybrid_cache_admits_a_sequence_only_with_blocks_and_a_slot_and_frees_both():
+    """BlocksAndSlots is what the scheduler reserves in a hybrid target: a refusal changes neither resource."""
+    blocks, pool = BlockAllocator(4, 16), StatePool(SPECS, num_slots=1)
+    cache = BlocksAndSlots(blocks, pool)
+    assert cache.can_hold(0, 64) and not cache.can_hold(0, 65)
+    with pytest.raises(CacheExhaustedError, match="sequence 0 needs 5 more cache blocks"):
+        cache.reserve(0, 65)
+    assert blocks.free_blocks == 4 and pool.free_slots == 1
+    cache.reserve(0, 16)
+    assert blocks.free_blocks == 3 and pool.has(0)
+    cache.reserve(0, 32)  # growing a sequence needs no second slot
+    assert blocks.free_blocks == 2 and pool.free_slots == 0
+    assert not cache.can_hold(1, 16)  # blocks are free, no slot is
+    with pytest.raises(CacheExhaustedError, match="sequence 1 needs a state slot"):
+        cache.reserve(1, 16)
+    assert blocks.free_blocks == 2 and not pool.has(1)
+    cache.free(0)
+    assert blocks.free_blocks == 4 and pool.free_slots == 1 and cache.can_hold(1, 64)
 
 
 def run_toy(drafter, arrivals, slots: int, truths=None, check_every_step: bool = True):

@@ -21,9 +21,9 @@ from pathlib import Path
 from ovbuild.errors import OvbuildError
 from ovbuild.export.api import export
 from ovbuild.export.weight_formats import WEIGHT_FORMATS
-from ovbuild.testing.tiny import write_tiny_dflash, write_tiny_target
-from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2, write_tiny_dflash2_short_window
-from ovbuild.testing.tiny_dspark import DSPARK_KINDS, write_tiny_dspark
+from ovbuild.families import DFLASH2, FAMILIES
+from ovbuild.testing.tiny import write_tiny_target
+from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2_short_window
 
 # Values that change with the machine, the install or the clock, not with the graph.
 MASKS = [
@@ -50,15 +50,16 @@ def digest_folder(folder: Path) -> dict[str, str]:
 
 
 def checkpoints(root: Path) -> tuple[Path, dict[str, Path]]:
-    """The tiny target (f32) and one draft per family and variant, each written from its fixed seed."""
+    """The tiny target (f32), every tiny checkpoint the draft families declare and a DFlash v2 draft whose window is
+    below its block, each from its fixed seed."""
     target = write_tiny_target(root / "target")
-    drafts = {
-        "dflash": write_tiny_dflash(root / "dflash"),
-        "dflash2": write_tiny_dflash2(root / "dflash2"),
-        "dflash2_window": write_tiny_dflash2_short_window(root / "dflash2_window"),
-    }
-    for kind in DSPARK_KINDS:
-        drafts[f"dspark_{kind}"] = write_tiny_dspark(root / f"dspark_{kind}", kind)
+    drafts = {}
+    for family in FAMILIES:
+        drafts.update({name: write(root / name) for name, write in family.tiny.items()})
+        if family is DFLASH2:  # the window band mask
+            drafts["dflash2_window"] = write_tiny_dflash2_short_window(root / "dflash2_window")
+    # The order matters: OpenVINO numbers unnamed nodes from one counter per process, so a snapshot compares with
+    # another only when both exported in the same order.
     return target, drafts
 
 

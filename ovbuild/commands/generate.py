@@ -85,26 +85,27 @@ def sampling_options(args: argparse.Namespace) -> dict:
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     """Device and cache options shared by the commands that run models (defaults: exact target, fast draft)."""
+    from ovbuild.families import DRAFTER_OPTIONS
+    from ovbuild.runtime.paged_model import INFERENCE_PRECISIONS, KV_PRECISIONS
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
-    precisions = ["u8", "f16", "bf16", "f32"]
     p.add_argument("--device", default="CPU", help="OpenVINO device (CPU, GPU, ...)")
     p.add_argument(
         "--kv-cache-precision",
         default=EXACT_TARGET.kv_cache_precision,
-        choices=precisions,
+        choices=KV_PRECISIONS,
         help="target KV cache precision (default f16: exact; u8 is smaller but not exactly lossless)",
     )
     p.add_argument(
         "--inference-precision",
         default=EXACT_TARGET.inference_precision,
-        choices=["f32", "bf16", "f16"],
+        choices=INFERENCE_PRECISIONS,
         help="target inference precision (default f32: exact)",
     )
-    p.add_argument("--draft-kv-cache-precision", default=FAST_DRAFT.kv_cache_precision, choices=precisions)
+    p.add_argument("--draft-kv-cache-precision", default=FAST_DRAFT.kv_cache_precision, choices=KV_PRECISIONS)
     p.add_argument(
         "--draft-inference-precision",
-        choices=["f32", "bf16", "f16"],
+        choices=INFERENCE_PRECISIONS,
         help="draft inference precision (default: the device's own)",
     )
     p.add_argument(
@@ -120,31 +121,24 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help="longest prompt + max_new_tokens served (default: the target's max_position_embeddings; only lowers it)",
     )
-    p.add_argument(
-        "--confidence-threshold",
-        type=float,
-        default=0.0,
-        help="DSpark: stop a proposal before the first row whose confidence is below this (0 = off)",
-    )
-    p.add_argument(
-        "--markov-mode",
-        choices=["chain", "lattice"],
-        default="chain",
-        help="DSpark: exact greedy chain (default) or the Top-K lattice walk",
-    )
+    for option in DRAFTER_OPTIONS:  # each draft family's own options, as its drafter declares them
+        p.add_argument(
+            "--" + option.name.replace("_", "-"),
+            type=option.type,
+            default=option.default,
+            choices=option.choices,
+            help=option.help,
+        )
 
 
 def runtime_options(args: argparse.Namespace):
+    from ovbuild.families import DRAFTER_OPTIONS
     from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions
 
     target = ModelOptions(args.kv_cache_precision, args.inference_precision, args.cache_mb)
     draft = ModelOptions(args.draft_kv_cache_precision, args.draft_inference_precision, args.draft_cache_mb)
-    # Only options the user set reach the drafter, so drafts of other families keep working with the defaults.
-    draft_options = {}
-    if args.confidence_threshold:
-        draft_options["confidence_threshold"] = args.confidence_threshold
-    if args.markov_mode != "chain":
-        draft_options["markov_mode"] = args.markov_mode
+    # Only options set away from their defaults reach the drafter, so drafts of other families keep working.
+    draft_options = {o.name: getattr(args, o.name) for o in DRAFTER_OPTIONS if getattr(args, o.name) != o.default}
     return RuntimeOptions(
         args.device, target, draft, args.max_num_batched_tokens, draft_options, max_model_len=args.max_model_len
     )

@@ -1,6 +1,6 @@
 """`export`: one checkpoint (a target or a draft, hub id or folder) to a complete IR folder, weights streamed.
 
-checkpoint ─ kind (target architecture? else the draft registry) ─ config, compatibility with the target
+checkpoint ─ kind (target architecture? else a draft family's) ─ config, compatibility with the target
   ─ builders of the IR format (tensors read one at a time) ─ IRs + provenance, configs, tokenizer ─ OUT
 """
 
@@ -22,11 +22,11 @@ from ovbuild.export.progress import LayerProgress, hub_progress, on_terminal
 from ovbuild.export.source_files import check_copied_files, check_target_tokenizer
 from ovbuild.export.streaming import PageDropper, StreamingSource
 from ovbuild.export.weight_formats import default_weight_format, make_policy
+from ovbuild.families import DRAFT_ARCHITECTURES, draft_builder, load_draft, read_draft_config
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.checkpoint import TOKENIZER_FILES, Checkpoint, read_config
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, check_target_layer_ids
-from ovbuild.weights.families import FAMILIES, detect_family, load_draft
 from ovbuild.weights.target import SUPPORTED_TARGET_ARCHITECTURES, TARGET_ARCHITECTURES, TargetConfig, load_target
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -141,13 +141,13 @@ def export_draft(
 ) -> tuple[str, WeightPolicy]:
     """Every IR of the draft and its configs, written into the partial folder; returns its family and policy."""
     cfg, weights = load_draft(job.ckpt)
+    build = draft_builder(cfg, job.format_name)  # a format the family does not have fails before anything is read
     check_copied_files(job.ckpt, CONFIG_FILES)
     target = open_target(job.ckpt, cfg, weights, target_model, cache_dir, job.format.draft_embeds_target)
     if target is not None:
         output.refuse_overlap(target.checkpoint.folder, "target checkpoint")
     policy = job.policy("draft")
     log.info("exporting draft %s (%s, %s weights)", job.ckpt.source, cfg.family, policy.weight_format)
-    build = job.format.draft
     models = stream_build(
         f"draft {cfg.family}", cfg.num_layers, [weights, target], job.show, lambda w, t: build(cfg, w, t, policy)
     )
@@ -158,17 +158,17 @@ def export_draft(
 
 
 def kind_of(ckpt: Checkpoint) -> str:
-    """ "target" for a supported target architecture, "draft" for one the draft registry knows; never runs code."""
+    """ "target" for a supported target architecture, "draft" for one a draft family reads; never runs code."""
     r = ConfigReader(ckpt.config, str(ckpt.config_path))
     arch = r.architecture()
     if arch in TARGET_ARCHITECTURES:
         return "target"
-    if any(arch in family.architectures for family in FAMILIES):
+    if arch in DRAFT_ARCHITECTURES:
         return "draft"
-    drafts = sorted({a for f in FAMILIES for a in f.architectures})
     targets = ", ".join(SUPPORTED_TARGET_ARCHITECTURES)
     raise UnsupportedError(
-        f"{r.where('architectures')}: unknown architecture {arch!r} (targets: {targets}; drafts: {', '.join(drafts)})"
+        f"{r.where('architectures')}: unknown architecture {arch!r} (targets: {targets}; "
+        f"drafts: {', '.join(DRAFT_ARCHITECTURES)})"
     )
 
 
@@ -188,7 +188,7 @@ def target_taps(
         return taps
     if draft_of is not None:
         config, path = read_config(draft_of, cache_dir=cache_dir)
-        draft = detect_family(config, str(path)).parse(ConfigReader(config, str(path)))
+        draft, _ = read_draft_config(config, str(path))
         # Whether the draft borrows this target's embedding needs its tensors; its own export checks that.
         check_draft_fits_target(draft, str(draft_of), cfg, source, embeds_with_target=False)
         return draft.target_layer_ids
@@ -206,7 +206,7 @@ def open_target(
 ) -> WeightSource | None:
     """The target a draft is exported for, checked against the draft; None when none is given and none is needed
     (the draft carries its own embedding and lm_head, or the IR format does not embed the target's)."""
-    borrows = [n for n in HEAD_TENSORS if not (n in weights.table and weights.has(n))]
+    borrows = [n for n in HEAD_TENSORS if not weights.has(n)]
     if target_model is None:
         if borrows and embeds_target:
             raise ConfigError(
@@ -216,7 +216,7 @@ def open_target(
         return None
     target_ckpt = Checkpoint.open(target_model, cache_dir=cache_dir)
     tcfg, tweights = load_target(target_ckpt)
-    fc_inputs = weights.get("fc").shape[1] if "fc" in weights.table and weights.has("fc") else None
+    fc_inputs = weights.get("fc").shape[1] if weights.has("fc") else None
     check_draft_fits_target(cfg, ckpt.source, tcfg, target_ckpt.source, fc_inputs, embeds_with_target=bool(borrows))
     return tweights
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ovbuild.errors import UnsupportedError
-from ovbuild.graph.weights import WeightPolicy
+from ovbuild.graph.weights import FLOAT_FORMATS, INT_FORMATS, WeightPolicy
 
-# keep = the checkpoint's own precision (bf16 checkpoints stay bf16); int8 / int4 are integer compression.
-WEIGHT_FORMATS = ("keep", "fp32", "fp16", "int8", "int4")
+# keep = the checkpoint's own precision (bf16 checkpoints stay bf16); int8 / int4 are integer compression. The
+# policy's bf16 storage is for Python callers only: optimum-cli's --weight-format has no bf16.
+WEIGHT_FORMATS = tuple(f for f in FLOAT_FORMATS if f != "bf16") + INT_FORMATS
 # Targets keep the checkpoint precision (their output is the reference); drafts are small and memory-bound, so int8
 # (int4 costs a small draft too much acceptance).
 DEFAULTS = {"target": "keep", "draft": "int8"}

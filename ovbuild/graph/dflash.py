@@ -159,4 +159,11 @@ def draft_ir(cfg: DraftConfig, form: str = "paged", markov_head: str | None = No
 
 def owner(draft: WeightSource, target: WeightSource, name: str) -> WeightSource:
     """Drafts borrow the target's embedding and lm_head unless they carry their own (DSpark checkpoints do)."""
-    return draft if name in draft.table and draft.has(name) else target
+    return draft if draft.has(name) else target
+
+
+def build_dflash_models(
+    cfg: DraftConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    """The one IR of a DFlash v1 draft folder, keyed by file stem."""
+    return {"openvino_model": build_dflash_draft(cfg, draft, target, policy)}

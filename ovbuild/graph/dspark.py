@@ -9,7 +9,8 @@ row k-1 (the anchor, `prev_token_ids`, for row 0) and takes the argmax:
 
 The confidence head (when it reads the Markov features) sits in the same IR and scores each row with the token the
 chain chose before it; a confidence head on the hidden state alone is an output of the backbone IR. The head IR is
-never integer-compressed. `ovbuild.graph.dspark_lattice` adds the Top-K lattice form of the same head.
+never integer-compressed. `build_dspark_models` builds a draft folder's IRs: the backbone and a head holding the
+chain and the Top-K lattice form of the same head (`ovbuild.graph.dspark_lattice`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.contract import MARKOV_HEAD_STEM as MARKOV_HEAD  # the name the tests and older callers import
-from ovbuild.contract import DSparkKeys, MarkovHeadIR, write_rt_info
+from ovbuild.contract import MODEL_STEM, DSparkKeys, MarkovHeadIR, write_rt_info
+from ovbuild.errors import ConfigError
 from ovbuild.graph.dflash import build_dflash_draft
+from ovbuild.graph.dspark_lattice import DEFAULT_TOP_K, markov_lattice
 from ovbuild.graph.ops import Output, argmax, i64, named, parameter, result
 from ovbuild.graph.weights import WeightPolicy, f32_constant
 from ovbuild.weights.families.dspark import DSparkConfig
@@ -198,3 +201,31 @@ def hidden_confidence(cfg: DSparkConfig, draft: WeightSource, policy: WeightPoli
     b = f32_constant(draft.get("confidence_head.proj.bias", (1,)), "confidence_head/bias")
     logit = ops.add(ops.matmul(h, w, False, True), b)  # [R, 1]
     return named(ops.squeeze(ops.sigmoid(logit), i64([-1])), "confidence_head/confidence")
+
+
+def build_lattice_markov_head(
+    cfg: DSparkConfig,
+    draft: WeightSource,
+    policy: WeightPolicy | None = None,
+    top_k: int = DEFAULT_TOP_K,
+    with_chain: bool = True,
+) -> ov.Model:
+    """The Markov head IR holding the lattice (and, by default, the exact chain next to it)."""
+    if not 1 <= top_k <= cfg.vocab_size:
+        raise ConfigError(f"lattice top_k = {top_k} must lie in [1, vocab_size = {cfg.vocab_size}]")
+    head = MarkovHead(cfg, draft, policy or WeightPolicy())
+    outputs = greedy_chain(head, cfg.block_size) if with_chain else {}
+    outputs.update(markov_lattice(head, top_k))
+    modes = ["chain", "lattice"] if with_chain else ["lattice"]
+    return markov_head_model(head, outputs, modes, top_k)
+
+
+def build_dspark_models(
+    cfg: DSparkConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    """Every IR of a DSpark draft folder by file stem: the backbone and a head holding both the exact chain (the
+    greedy default) and the Top-K lattice; a DeepSpec DFlash draft (markov_rank 0) has no head file."""
+    models = {MODEL_STEM: build_dspark_draft(cfg, draft, target, policy)}
+    if cfg.markov_rank:
+        models[MARKOV_HEAD] = build_lattice_markov_head(cfg, draft, policy)
+    return models

@@ -4,22 +4,20 @@ Each sequence's first row knows its predecessor (the anchor), so its bias W2 g(W
 vocabulary before Top-K; later rows score the transitions from the previous row's K candidates:
     edge[r, a, b] = logits[r, C_r[b]] + <g(h_r, W1[P_r[a]]), W2[C_r[b]]>,   g = identity (vanilla) or the gate.
 The exact head picks tokens outside the unary Top-K often, so the lattice approximates it; the chain
-(`ovbuild.graph.dspark`) is the exact greedy form and can sit in the same IR.
+(`ovbuild.graph.dspark`) is the exact greedy form and sits in the same IR (`build_lattice_markov_head` there).
 """
 
 from __future__ import annotations
 
-import openvino as ov
+from typing import TYPE_CHECKING
+
 import openvino.opset16 as ops
 
-from ovbuild.contract import MARKOV_HEAD_STEM, MODEL_STEM
-from ovbuild.errors import ConfigError
-from ovbuild.graph.dspark import MarkovHead, build_dspark_draft, greedy_chain, markov_head_model
 from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import Output, i64, named
-from ovbuild.graph.weights import WeightPolicy
-from ovbuild.weights.families.dspark import DSparkConfig
-from ovbuild.weights.tensor_names import WeightSource
+
+if TYPE_CHECKING:  # the head is built by ovbuild.graph.dspark, which puts this form into its IR
+    from ovbuild.graph.dspark import MarkovHead
 
 DEFAULT_TOP_K = 8
 
@@ -56,31 +54,3 @@ def markov_lattice(head: MarkovHead, top_k: int) -> dict[str, Output]:
         (e,) = predecessor_vectors
         outputs["predecessor_confidence"] = head.confidence(row_hidden, e, "markov_lattice/predecessor_confidence")
     return outputs
-
-
-def build_lattice_markov_head(
-    cfg: DSparkConfig,
-    draft: WeightSource,
-    policy: WeightPolicy | None = None,
-    top_k: int = DEFAULT_TOP_K,
-    with_chain: bool = True,
-) -> ov.Model:
-    """The Markov head IR holding the lattice (and, by default, the exact chain next to it)."""
-    if not 1 <= top_k <= cfg.vocab_size:
-        raise ConfigError(f"lattice top_k = {top_k} must lie in [1, vocab_size = {cfg.vocab_size}]")
-    head = MarkovHead(cfg, draft, policy or WeightPolicy())
-    outputs = greedy_chain(head, cfg.block_size) if with_chain else {}
-    outputs.update(markov_lattice(head, top_k))
-    modes = ["chain", "lattice"] if with_chain else ["lattice"]
-    return markov_head_model(head, outputs, modes, top_k)
-
-
-def build_dspark_models(
-    cfg: DSparkConfig, draft: WeightSource, target: WeightSource, policy: WeightPolicy
-) -> dict[str, ov.Model]:
-    """Every IR of a DSpark draft folder by file stem: the backbone and a head holding both the exact chain (the
-    greedy default) and the Top-K lattice; a DeepSpec DFlash draft (markov_rank 0) has no head file."""
-    models = {MODEL_STEM: build_dspark_draft(cfg, draft, target, policy)}
-    if cfg.markov_rank:
-        models[MARKOV_HEAD_STEM] = build_lattice_markov_head(cfg, draft, policy)
-    return models

@@ -20,7 +20,7 @@ from ovbuild.weights.tensor import WeightTensor
 OV_TYPES = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16}
 FLOAT_FORMATS = ("keep", "fp32", "fp16", "bf16")
 INT_FORMATS = ("int8", "int4")
-WEIGHT_FORMATS = FLOAT_FORMATS + INT_FORMATS
+POLICY_FORMATS = FLOAT_FORMATS + INT_FORMATS  # every storage a WeightPolicy knows
 ROLES = ("linear", "embedding", "lm_head")
 # Matrices with a side shorter than this (a [1, H] confidence head) stay float: they save nothing worth the error.
 MIN_COMPRESSED_SIDE = 16
@@ -45,8 +45,8 @@ class WeightPolicy:
     all_layers: bool = False
 
     def __post_init__(self):
-        if self.weight_format not in WEIGHT_FORMATS:
-            raise UnsupportedError(f"weight format '{self.weight_format}' is not one of {', '.join(WEIGHT_FORMATS)}")
+        if self.weight_format not in POLICY_FORMATS:
+            raise UnsupportedError(f"weight format '{self.weight_format}' is not one of {', '.join(POLICY_FORMATS)}")
         if self.group_size != -1 and self.group_size < 1:
             raise ConfigError(f"group_size {self.group_size}: expected a positive number of inputs, or -1")
 

@@ -8,6 +8,7 @@ import numpy as np
 import openvino as ov
 
 from ovbuild.errors import CacheExhaustedError
+from ovbuild.runtime.cache_manager import CacheManager
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,8 @@ class SequenceRows:
     num_rows: int
 
 
-class BlockAllocator:
-    """Fixed pool of cache blocks; each sequence owns a list of blocks in logical order."""
+class BlockAllocator(CacheManager):
+    """Fixed pool of KV cache blocks; each sequence owns a list of blocks in logical order."""
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -33,18 +34,14 @@ class BlockAllocator:
 
     def blocks_needed(self, seq_id: int, length: int) -> int:
         """Blocks still to allocate for `seq_id` to hold `length` tokens."""
-        have = len(self.tables.get(seq_id, ()))
-        return max(0, -(-length // self.block_size) - have)
-
-    def fits(self, length: int) -> bool:
-        """Whether a sequence of `length` tokens fits at all, with every block free."""
-        return -(-length // self.block_size) <= self.num_blocks
+        return max(0, self.blocks_for(length) - len(self.tables.get(seq_id, ())))
 
     def can_hold(self, seq_id: int, length: int) -> bool:
         return self.blocks_needed(seq_id, length) <= self.free_blocks
 
     def reserve(self, seq_id: int, length: int) -> list[int]:
-        """Grow `seq_id`'s table to hold `length` tokens; raises CacheExhaustedError (changing nothing) if it can't."""
+        """Grow `seq_id`'s table to hold `length` tokens and return it; raises CacheExhaustedError (changing nothing)
+        if it can't."""
         need = self.blocks_needed(seq_id, length)
         if need > self.free_blocks:
             raise CacheExhaustedError(

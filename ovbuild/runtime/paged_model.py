@@ -8,10 +8,12 @@ import openvino as ov
 from ovbuild.contract import gpu_activations_scale_factor
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
+from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 from ovbuild.runtime.state_pool import StatePool, state_specs
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
+INFERENCE_PRECISIONS = ("f32", "bf16", "f16")  # INFERENCE_PRECISION_HINT values; None = the device default
 # A hybrid target's linear-attention states take slots from the cache budget: enough for this many sequences, but at
 # most STATE_SHARE of the budget (the KV blocks get the rest; admission waits for both).
 DEFAULT_STATE_SLOTS = 32
@@ -55,8 +57,9 @@ class PagedModel:
         device: str = "CPU",
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
-        num_blocks: int | None = None,
+        *,
         cache_mb: float = 256,
+        num_blocks: int | None = None,
         properties: dict[str, str] | None = None,
         state_slots: int | None = None,
     ):
@@ -91,6 +94,13 @@ class PagedModel:
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
 
     @property
+    def cache_manager(self) -> CacheManager:
+        """The cache's blocks (and a hybrid target's state slots), as the scheduler reserves them."""
+        if self.states is None:
+            return self.cache.allocator
+        return BlocksAndSlots(self.cache.allocator, self.states)
+
+    @property
     def vocab_size(self) -> int | None:
         """Width of the `logits` output: the token ids the model knows are 0..vocab_size-1 (None if not static)."""
         port = next((o for o in self.compiled.outputs if o.get_any_name() == "logits"), None)
@@ -117,9 +127,7 @@ class PagedModel:
 
     def free(self, seq_id: int) -> None:
         """Return the sequence's cache blocks (and its state slot)."""
-        self.cache.allocator.free(seq_id)
-        if self.states is not None:
-            self.states.free(seq_id)
+        self.cache_manager.free(seq_id)
 
 
 def block_bytes(compiled: ov.CompiledModel) -> int:

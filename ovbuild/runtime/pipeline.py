@@ -13,9 +13,10 @@ from tokenizers import Tokenizer
 
 from ovbuild.contract import MODEL_FILE, Identity
 from ovbuild.errors import ConfigError, ExportError, RequestError
+from ovbuild.families import DRAFTERS
 from ovbuild.graph.ir import read_ir
 from ovbuild.runtime.devices import check_device, check_kv_precision
-from ovbuild.runtime.drafters import DRAFTERS, Drafter
+from ovbuild.runtime.drafters import Drafter
 from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
@@ -174,11 +175,11 @@ def drafter_class(folder: str | Path, model: ov.Model, options: RuntimeOptions) 
     if family not in DRAFTERS:
         raise ExportError(f"{model_file}: no drafter for family {family!r} (known: {', '.join(DRAFTERS)})")
     drafter = DRAFTERS[family]
-    unknown = sorted(set(options.draft_options) - set(drafter.OPTIONS))
+    names = [option.name for option in drafter.OPTIONS]
+    unknown = sorted(set(options.draft_options) - set(names))
     if unknown:
         raise ConfigError(
-            f"{model_file}: a {family} draft takes no option '{unknown[0]}' "
-            f"(its options: {', '.join(drafter.OPTIONS) or 'none'})"
+            f"{model_file}: a {family} draft takes no option '{unknown[0]}' (its options: {', '.join(names) or 'none'})"
         )
     return drafter
 

@@ -89,8 +89,3 @@ class Request:
     @property
     def remaining(self) -> int:
         return self.config.max_new_tokens - len(self.generated)
-
-    @property
-    def total_len(self) -> int:
-        """Tokens this request can ever occupy in a cache (prompt + new tokens + one block of draft rows)."""
-        return len(self.prompt) + self.config.max_new_tokens

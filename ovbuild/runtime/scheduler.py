@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
+from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -125,41 +126,38 @@ class Scheduler:
             raise UnsupportedError("empty prompt: at least one token is needed")
         limits = self.target.vocab_size, self.max_model_len
         check_prompt(request.prompt, request.config.max_new_tokens, *limits, f"request {request.id}")
-        allocator = self.target.cache.allocator
-        if self.drafter is not None and not self.drafter.fits(request.total_len):
-            raise CacheExhaustedError(
-                f"a request of {len(request.prompt)} prompt tokens and max_new_tokens="
-                f"{request.config.max_new_tokens} does not fit the draft cache even when it is "
-                "empty (raise the draft cache size)"
-            )
-        if not allocator.fits(self._target_budget(request)):
-            need = -(-self._target_budget(request) // allocator.block_size)
-            raise CacheExhaustedError(
-                f"a request of {len(request.prompt)} prompt tokens and max_new_tokens="
-                f"{request.config.max_new_tokens} needs {need} target cache blocks; the cache "
-                f"has {allocator.num_blocks} (raise the cache size)"
-            )
+        for name, cache, length in self.budgets(request):
+            if not cache.fits(length):
+                raise CacheExhaustedError(
+                    f"a request of {len(request.prompt)} prompt tokens and max_new_tokens="
+                    f"{request.config.max_new_tokens} does not fit the {name} cache even when it is empty: it needs "
+                    f"{cache.blocks_for(length)} {name} cache blocks; the cache has {cache.num_blocks} (raise the "
+                    f"{name} cache size)"
+                )
 
-    def _target_budget(self, request: Request) -> int:
-        extra = self.drafter.max_candidates + 1 if self.drafter is not None else 1
-        return request.total_len + extra
+    def budgets(self, request: Request) -> list[tuple[str, CacheManager, int]]:
+        """(name, cache, tokens) for every cache the request runs on: the tokens reserved for it at admission.
+
+        A request commits at most its prompt and max_new_tokens to a cache, and one call writes rows past what is
+        committed: the target at most the anchor and the longest proposal, the draft its longest block."""
+        tokens = len(request.prompt) + request.config.max_new_tokens
+        if self.drafter is None:
+            return [("target", self.target.cache_manager, tokens + 1)]
+        longest, offset = self.drafter.max_candidates, self.drafter.candidate_offset
+        return [
+            ("target", self.target.cache_manager, tokens + 1 + longest),
+            ("draft", self.drafter.cache_manager, tokens + offset + longest),
+        ]
 
     def _admit(self) -> None:
         """FIFO admission, reserving each request's worst case so that no running request ever runs out of blocks."""
         while self.waiting:
             request = self.waiting[0]
-            allocator = self.target.cache.allocator
-            if not allocator.can_hold(request.id, self._target_budget(request)):
+            budgets = self.budgets(request)
+            if not all(cache.can_hold(request.id, length) for _, cache, length in budgets):
                 break
-            if self.drafter is not None and not self.drafter.can_hold(request.id, request.total_len):
-                break
-            if self.states is not None and not self.states.free_slots:
-                break
-            allocator.reserve(request.id, self._target_budget(request))
-            if self.states is not None:
-                self.states.allocate(request.id)
-            if self.drafter is not None:
-                self.drafter.reserve(request.id, request.total_len)
+            for _, cache, length in budgets:
+                cache.reserve(request.id, length)
             request.status = Status.PREFILL
             if self.speculation is not None:
                 request.acceptance = self.speculation.new_stats()

@@ -200,10 +200,9 @@ class Engine:
         ticket.sink(event)
 
     def _snapshot(self) -> EngineStats:
-        caches = {"target": self.scheduler.target.cache.allocator}
-        drafter = self.scheduler.drafter
-        if drafter is not None and hasattr(drafter, "model"):
-            caches["draft"] = drafter.model.cache.allocator
+        caches = {"target": self.scheduler.target.cache_manager}
+        if self.scheduler.drafter is not None:
+            caches["draft"] = self.scheduler.drafter.cache_manager
         return EngineStats(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),

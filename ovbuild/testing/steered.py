@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 
 
@@ -96,14 +97,9 @@ class SteeredDrafter(Drafter):
             self.log.steps.setdefault(item.seq_id, []).append((k, min(wrong, k)))
         return proposal
 
-    def can_hold(self, seq_id: int, length: int) -> bool:
-        return self.inner.can_hold(seq_id, length)
-
-    def fits(self, length: int) -> bool:
-        return self.inner.fits(length)
-
-    def reserve(self, seq_id: int, length: int) -> None:
-        self.inner.reserve(seq_id, length)
+    @property
+    def cache_manager(self) -> CacheManager:
+        return self.inner.cache_manager
 
     def free(self, seq_id: int) -> None:
         self.inner.free(seq_id)

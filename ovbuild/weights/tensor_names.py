@@ -41,15 +41,22 @@ class WeightSource:
     def __init__(self, checkpoint: Checkpoint, table: Mapping[str, str]):
         self.checkpoint, self.table = checkpoint, dict(table)
 
-    def checkpoint_name(self, canonical: str) -> str:
+    def lookup(self, canonical: str) -> str | None:
+        """The checkpoint name of `canonical`, or None when this architecture's table has no row for it."""
         m = _LAYER.match(canonical)
         key = f"layers.{{i}}.{m.group(2)}" if m else canonical
-        if key not in self.table:
+        return self.table[key].format(i=m.group(1) if m else "") if key in self.table else None
+
+    def checkpoint_name(self, canonical: str) -> str:
+        name = self.lookup(canonical)
+        if name is None:
             raise TensorError(f"{self.checkpoint.source}: no tensor '{canonical}' in this architecture's name table")
-        return self.table[key].format(i=m.group(1) if m else "")
+        return name
 
     def has(self, canonical: str) -> bool:
-        return self.checkpoint_name(canonical) in self.checkpoint
+        """Whether the checkpoint holds `canonical` (False for a name the architecture does not have)."""
+        name = self.lookup(canonical)
+        return name is not None and name in self.checkpoint
 
     def get(self, canonical: str, shape: tuple[int, ...] | None = None) -> WeightTensor:
         """The checkpoint tensor behind `canonical`, shape-checked when `shape` is given."""

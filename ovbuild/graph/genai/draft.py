@@ -81,8 +81,6 @@ class StatefulRows:
 
 def check_genai_draft(cfg: DraftConfig) -> None:
     """GenAI's DFlash pipeline grafts the bare target embedding and lm_head: nothing may sit between them and us."""
-    if cfg.family != "dflash":
-        raise UnsupportedError(f"the GenAI form exists for DFlash v1 drafts only, not '{cfg.family}'")
     if cfg.candidate_offset != 1:
         raise UnsupportedError(
             f"GenAI reads candidates from block row 1 on; this draft starts at {cfg.candidate_offset}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.sampling import SamplingParams, sample_rows
 
 
@@ -42,12 +43,22 @@ def sampled_proposal(item: DraftItem, logits: np.ndarray) -> Proposal:
     return Proposal(tokens, q)
 
 
+@dataclass(frozen=True)
+class DrafterOption:
+    """A constructor option of one family's drafter (RuntimeOptions.draft_options); the CLI offers each as
+    `--name-with-dashes`."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple | None = None
+
+
 class Drafter(ABC):
     """A draft model with its own paged cache. `propose` packs every item into one call and returns proposals."""
 
-    OPTIONS: tuple[
-        str, ...
-    ] = ()  # family-specific constructor options a pipeline may pass (RuntimeOptions.draft_options)
+    OPTIONS: tuple[DrafterOption, ...] = ()  # the family-specific constructor options a pipeline may pass
     target_layer_ids: tuple[int, ...]
     max_candidates: int  # proposals a full block yields
     candidate_offset: int = 1  # block rows before the first candidate row: a block proposing k tokens runs k + this
@@ -65,17 +76,11 @@ class Drafter(ABC):
         """Commit each item's context rows and return up to `num_tokens` proposed tokens per item ([] if no anchor);
         a family that samples its proposals for sampling items returns them as `Proposal`s."""
 
+    @property
     @abstractmethod
-    def can_hold(self, seq_id: int, length: int) -> bool:
-        """Whether the draft cache can take a sequence of `length` tokens (plus one block)."""
-
-    @abstractmethod
-    def fits(self, length: int) -> bool:
-        """Whether a sequence of `length` tokens fits the draft cache at all (when every block is free)."""
-
-    @abstractmethod
-    def reserve(self, seq_id: int, length: int) -> None:
-        """Reserve cache blocks for a sequence of `length` tokens (plus one block) up front."""
+    def cache_manager(self) -> CacheManager:
+        """The draft cache, as the scheduler reserves it (one block of rows past a request's tokens, see
+        `Scheduler.budgets`)."""
 
     @abstractmethod
     def free(self, seq_id: int) -> None:

@@ -15,6 +15,7 @@ import openvino as ov
 
 from ovbuild.contract import DraftIR
 from ovbuild.graph.ir import read_ir
+from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, sampled_proposal
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
@@ -29,6 +30,7 @@ class BlockDrafter(Drafter):
         device: str = "CPU",
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
+        *,
         cache_mb: float = 256,
         num_blocks: int | None = None,
     ):
@@ -37,7 +39,9 @@ class BlockDrafter(Drafter):
         self.candidate_offset, self.target_layer_ids = self.ir.candidate_offset, self.ir.target_layer_ids
         self.max_candidates = self.block_size - self.candidate_offset
         self.tap_width = model.input("hidden_states").get_partial_shape()[1].get_length()
-        self.model = PagedModel(model, device, kv_cache_precision, inference_precision, num_blocks, cache_mb)
+        self.model = PagedModel(
+            model, device, kv_cache_precision, inference_precision, cache_mb=cache_mb, num_blocks=num_blocks
+        )
         self.committed: dict[int, int] = {}
         self.infer_s = 0.0
 
@@ -46,14 +50,9 @@ class BlockDrafter(Drafter):
         """Load the draft IR(s) of an exported folder."""
         return cls(read_ir(folder) if model is None else model, **options)
 
-    def can_hold(self, seq_id: int, length: int) -> bool:
-        return self.model.cache.allocator.can_hold(seq_id, length + self.block_size)
-
-    def fits(self, length: int) -> bool:
-        return self.model.cache.allocator.fits(length + self.block_size)
-
-    def reserve(self, seq_id: int, length: int) -> None:
-        self.model.cache.allocator.reserve(seq_id, length + self.block_size)
+    @property
+    def cache_manager(self) -> CacheManager:
+        return self.model.cache_manager
 
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)

@@ -13,7 +13,7 @@ import numpy as np
 import openvino as ov
 
 from ovbuild.errors import ConfigError, UnsupportedError
-from ovbuild.runtime.drafters.base import DraftItem, sampled_proposal
+from ovbuild.runtime.drafters.base import DrafterOption, DraftItem, sampled_proposal
 from ovbuild.runtime.drafters.markov import MarkovDrafter
 from ovbuild.runtime.lattice import walk_tokens
 
@@ -23,7 +23,17 @@ MARKOV_MODES = ("chain", "lattice")
 class DSparkDrafter(MarkovDrafter):
     """A DSpark or DeepSpec DFlash draft; markov_mode: chain (exact greedy) or lattice; confidence_threshold 0 = off."""
 
-    OPTIONS = ("markov_mode", "confidence_threshold")
+    OPTIONS = (
+        DrafterOption(
+            "markov_mode", str, "chain", "DSpark: exact greedy chain (default) or the Top-K lattice walk", MARKOV_MODES
+        ),
+        DrafterOption(
+            "confidence_threshold",
+            float,
+            0.0,
+            "DSpark: stop a proposal before the first row whose confidence is below this (0 = off)",
+        ),
+    )
 
     def __init__(
         self,
@@ -47,7 +57,7 @@ class DSparkDrafter(MarkovDrafter):
         if head is not None and markov_mode not in self.head_ir.forms:
             raise UnsupportedError(
                 f"the Markov head IR holds the {' and '.join(self.head_ir.forms)} form, not the {markov_mode} "
-                "(rebuild the head with the lattice: ovbuild.graph.dspark_lattice.build_lattice_markov_head)"
+                "(rebuild the head with the lattice: ovbuild.graph.dspark.build_lattice_markov_head)"
             )
         outputs = {o.get_any_name() for o in model.outputs} | self.head_outputs
         if confidence_threshold > 0 and "confidence" not in outputs and "predecessor_confidence" not in outputs:

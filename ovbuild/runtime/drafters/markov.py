@@ -28,6 +28,7 @@ class MarkovDrafter(BlockDrafter):
         device: str = "CPU",
         kv_cache_precision: str = "u8",
         inference_precision: str | None = None,
+        *,
         cache_mb: float = 256,
         num_blocks: int | None = None,
     ):

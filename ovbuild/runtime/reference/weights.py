@@ -37,7 +37,8 @@ class ReferenceWeights:
                 self._files.update(dict.fromkeys(f.keys(), path))
 
     def has(self, canonical: str) -> bool:
-        return canonical in self.names.table and self.names.checkpoint_name(canonical) in self._files
+        name = self.names.lookup(canonical)
+        return name is not None and name in self._files
 
     def get(self, canonical: str, shape: tuple[int, ...]) -> np.ndarray:
         """Tensor `canonical` as float64, shape-checked."""

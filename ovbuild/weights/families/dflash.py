@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, dflash_fields
-from ovbuild.weights.families.base import DraftFamily
+from ovbuild.weights.families.base import CheckpointLayout
 from ovbuild.weights.tensor_names import layer_entries
 
 DFLASH_TENSORS = {
@@ -20,5 +20,5 @@ def parse(r: ConfigReader) -> DraftConfig:
     return DraftConfig(**dflash_fields(r, family="dflash", candidate_offset=1))
 
 
-FAMILY = DraftFamily("dflash", ("DFlashDraftModel",), parse, DFLASH_TENSORS)
-MUSE_GLIMMER = DraftFamily("dflash", ("MuseGlimmerAssistantModel",), parse, MUSE_GLIMMER_TENSORS)
+LAYOUT = CheckpointLayout(("DFlashDraftModel",), parse, DFLASH_TENSORS)
+MUSE_GLIMMER = CheckpointLayout(("MuseGlimmerAssistantModel",), parse, MUSE_GLIMMER_TENSORS)

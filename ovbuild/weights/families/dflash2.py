@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ovbuild.errors import ConfigError
 from ovbuild.weights.config_reader import ConfigReader, merged_key
 from ovbuild.weights.draft_config import DraftConfig, dflash_fields
-from ovbuild.weights.families.base import DraftFamily
+from ovbuild.weights.families.base import CheckpointLayout
 from ovbuild.weights.families.dflash import DFLASH_TENSORS
 
 
@@ -83,4 +83,4 @@ def _softcap(r: ConfigReader) -> float:
     return value
 
 
-FAMILY = DraftFamily("dflash2", ("DFlash2DraftModel",), parse, DFLASH2_TENSORS)
+LAYOUT = CheckpointLayout(("DFlash2DraftModel",), parse, DFLASH2_TENSORS)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, dflash_fields
-from ovbuild.weights.families.base import DraftFamily
+from ovbuild.weights.families.base import CheckpointLayout
 from ovbuild.weights.families.dflash import DFLASH_TENSORS
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated")
@@ -78,4 +78,4 @@ def parse(r: ConfigReader) -> DSparkConfig:
     )
 
 
-FAMILY = DraftFamily("dspark", ("Qwen3DSparkModel",), parse, DSPARK_TENSORS)
+LAYOUT = CheckpointLayout(("Qwen3DSparkModel",), parse, DSPARK_TENSORS)

@@ -1,0 +1,151 @@
+"""Draft families, each declared once with every part ovbuild needs of it; every per-family table derives from here.
+
+A family's parts live one per layer (checkpoint layouts and config in `weights/families/`, graph builders in
+`graph/`, numpy reference in `runtime/reference/`, drafter in `runtime/drafters/`, tiny checkpoints in `testing/`);
+its declaration below ties them together, so no lower layer keeps a table of families. This module sits above all of
+them. `tests/test_families.py` checks that every family provides every part; adding one: docs/adding_a_model.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import openvino as ov
+
+from ovbuild.contract import MODEL_STEM
+from ovbuild.errors import UnsupportedError
+from ovbuild.graph.dflash import build_dflash_models
+from ovbuild.graph.dflash2 import build_dflash2_models
+from ovbuild.graph.dspark import build_dspark_models
+from ovbuild.graph.genai.draft import build_genai_draft
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.runtime.drafters import BlockDrafter, Drafter, DrafterOption, DSparkDrafter, LatticeDrafter
+from ovbuild.runtime.reference import DFlash2Reference, DFlashReference, DSparkReference
+from ovbuild.testing.tiny import write_tiny_dflash
+from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2
+from ovbuild.testing.tiny_dspark import DSPARK_KINDS, write_tiny_dspark
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.config_reader import ConfigReader
+from ovbuild.weights.draft_config import DraftConfig
+from ovbuild.weights.families.base import CheckpointLayout, find_layout
+from ovbuild.weights.families.dflash import LAYOUT as DFLASH_LAYOUT
+from ovbuild.weights.families.dflash import MUSE_GLIMMER
+from ovbuild.weights.families.dflash2 import LAYOUT as DFLASH2_LAYOUT
+from ovbuild.weights.families.dflash2 import DFlash2Config
+from ovbuild.weights.families.dspark import LAYOUT as DSPARK_LAYOUT
+from ovbuild.weights.families.dspark import DSparkConfig
+from ovbuild.weights.tensor_names import WeightSource
+
+# Every IR of a draft folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.contract). The target source
+# is None when the draft carries its own embedding and lm_head, or the IR format does not embed the target's.
+DraftBuilder = Callable[[DraftConfig, WeightSource, WeightSource | None, WeightPolicy], dict[str, ov.Model]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One draft family: how its checkpoints are read, built in each IR format, checked, run and faked."""
+
+    name: str  # DraftConfig.family and the IRs' `ovbuild/family`
+    layouts: tuple[CheckpointLayout, ...]  # the checkpoint layouts it reads (architecture names, parser, names)
+    config: type[DraftConfig]  # the class its parser returns
+    builders: Mapping[str, DraftBuilder]  # IR format (export.ir_formats.IR_FORMATS) -> the folder's IRs
+    reference: type  # numpy model of its graphs: reference(cfg, draft weights, target weights)
+    drafter: type[Drafter]  # runtime plug-in; its OPTIONS become RuntimeOptions.draft_options and CLI flags
+    tiny: Mapping[str, Callable[[Path], Path]]  # tiny checkpoint writers by name, one per published kind
+
+
+def _genai_draft(
+    cfg: DraftConfig, draft: WeightSource, target: WeightSource | None, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    return {MODEL_STEM: build_genai_draft(cfg, draft, policy)}
+
+
+DFLASH = Family(
+    name="dflash",
+    layouts=(DFLASH_LAYOUT, MUSE_GLIMMER),
+    config=DraftConfig,
+    builders={"paged": build_dflash_models, "genai": _genai_draft},
+    reference=DFlashReference,
+    drafter=BlockDrafter,
+    tiny={"dflash": write_tiny_dflash},
+)
+DFLASH2 = Family(
+    name="dflash2",
+    layouts=(DFLASH2_LAYOUT,),
+    config=DFlash2Config,
+    builders={"paged": build_dflash2_models},
+    reference=DFlash2Reference,
+    drafter=LatticeDrafter,
+    tiny={"dflash2": write_tiny_dflash2},
+)
+DSPARK = Family(
+    name="dspark",  # DSpark and DeepSpec DFlash (markov_rank 0) drafts: one architecture
+    layouts=(DSPARK_LAYOUT,),
+    config=DSparkConfig,
+    builders={"paged": build_dspark_models},
+    reference=DSparkReference,
+    drafter=DSparkDrafter,
+    tiny={f"dspark_{kind}": partial(write_tiny_dspark, kind=kind) for kind in DSPARK_KINDS},
+)
+
+# Detection tries layouts in this order; it matters only where two layouts share an architecture name.
+FAMILIES: tuple[Family, ...] = (DFLASH, DFLASH2, DSPARK)
+
+# Derived tables.
+BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+LAYOUTS: tuple[CheckpointLayout, ...] = tuple(layout for f in FAMILIES for layout in f.layouts)
+DRAFT_ARCHITECTURES: tuple[str, ...] = tuple(sorted({a for layout in LAYOUTS for a in layout.architectures}))
+DRAFTERS: dict[str, type[Drafter]] = {f.name: f.drafter for f in FAMILIES}
+DRAFT_REFERENCES: dict[str, type] = {f.name: f.reference for f in FAMILIES}
+# Every drafter option once: families whose drafters share an option name declare it alike (tested).
+DRAFTER_OPTIONS: tuple[DrafterOption, ...] = tuple({o.name: o for f in FAMILIES for o in f.drafter.OPTIONS}.values())
+
+
+def family(name: str) -> Family:
+    """The family declared as `name` (a DraftConfig's family, an IR's `ovbuild/family`)."""
+    if name not in BY_NAME:
+        raise UnsupportedError(f"unknown draft family '{name}' (known: {', '.join(BY_NAME)})")
+    return BY_NAME[name]
+
+
+def detect_layout(config: dict, path: str) -> CheckpointLayout:
+    """The checkpoint layout of a draft's config.json (read from `path`): `architectures[0]`, then its markers."""
+    return find_layout(ConfigReader(config, path), LAYOUTS)
+
+
+def read_draft_config(config: dict, path: str) -> tuple[DraftConfig, CheckpointLayout]:
+    """The normalized config of a draft's config.json (read from `path`) and the checkpoint layout it was read by."""
+    layout = detect_layout(config, path)
+    return layout.parse(ConfigReader(config, path)), layout
+
+
+def load_draft(checkpoint: Checkpoint) -> tuple[DraftConfig, WeightSource]:
+    """Normalized config and tensor source of a draft checkpoint."""
+    cfg, layout = read_draft_config(checkpoint.config, str(checkpoint.config_path))
+    return cfg, WeightSource(checkpoint, layout.tensors)
+
+
+def draft_builder(cfg: DraftConfig, ir_format: str = "paged") -> DraftBuilder:
+    """The builder of a draft's IRs in `ir_format`; an error when its family does not have that format."""
+    f = family(cfg.family)
+    if ir_format not in f.builders:
+        having = [g.name for g in FAMILIES if ir_format in g.builders]
+        raise UnsupportedError(
+            f"the {ir_format} IR format exists for {', '.join(having)} drafts only, not '{f.name}' "
+            f"({f.name} drafts export as: {', '.join(f.builders)})"
+        )
+    return f.builders[ir_format]
+
+
+def build_draft_models(
+    cfg: DraftConfig,
+    draft: WeightSource,
+    target: WeightSource | None,
+    policy: WeightPolicy | None = None,
+    ir_format: str = "paged",
+) -> dict[str, ov.Model]:
+    """All IRs of a draft in `ir_format` (backbone, plus a Markov head where the family has one), keyed by file stem."""
+    return draft_builder(cfg, ir_format)(cfg, draft, target, policy or WeightPolicy())
