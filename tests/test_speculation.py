@@ -4,6 +4,7 @@ scheduler drafting stops for a draft that is always wrong and runs full blocks f
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -127,3 +128,24 @@ def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, ri
         assert lengths[7] >= 4 and sum(lengths[1:7]) <= 1, lengths  # full blocks (the last steps are capped)
     else:
         assert lengths[0] >= 30 and drafter.calls < 15, (lengths, drafter.calls)
+
+
+def test_the_planners_host_time_leaves_the_calibration_out(models, monkeypatch):
+    """The calibration runs inside the first step; its time is reported on its own, and the host time the planner
+    adds to every plan stays what the steps spend outside the models (a calibration counted as host made any draft
+    call look free next to it)."""
+    import ovbuild.runtime.scheduler as scheduler_module
+
+    def slow_calibration(speculation, target, drafter):
+        speculation.calibration_tried = True
+        time.sleep(0.3)
+
+    monkeypatch.setattr(scheduler_module, "calibrate", slow_calibration)
+    target_model, draft_model = models
+    spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5))
+    scheduler = Scheduler(PagedModel(target_model, **F32), BlockDrafter(draft_model, **F32), speculation=spec)
+    scheduler.add_request(list(range(40, 60)), GenerationConfig(max_new_tokens=8))
+    scheduler.run()
+    m = scheduler.metrics
+    assert m.calibration_s >= 0.3 and m.wall_s >= m.calibration_s + m.host_s
+    assert m.host_s < 0.3 and spec.host_s < 0.05, (m.host_s, spec.host_s)

@@ -83,6 +83,7 @@ class RunMetrics:
     steps: int = 0
     target_infer_s: float = 0.0
     draft_infer_s: float = 0.0
+    calibration_s: float = 0.0  # timing calls for the draft-length planner (once per pipeline, in its first step)
     wall_s: float = 0.0
 
     def add(self, m: RequestMetrics) -> None:
@@ -107,12 +108,18 @@ class RunMetrics:
         self.steps += other.steps
         self.target_infer_s += other.target_infer_s
         self.draft_infer_s += other.draft_infer_s
+        self.calibration_s += other.calibration_s
         self.wall_s += other.wall_s
 
     @property
     def host_s(self) -> float:
-        """Time outside the two inference calls: scheduling, input packing, verification (Python)."""
-        return max(self.wall_s - self.target_infer_s - self.draft_infer_s, 0.0)
+        """Time outside the two inference calls and the calibration: scheduling, input packing, verification."""
+        return max(self.wall_s - self.busy_s, 0.0)
+
+    @property
+    def busy_s(self) -> float:
+        """Time inside the models: the inference calls and the calibration's timed calls."""
+        return self.target_infer_s + self.draft_infer_s + self.calibration_s
 
     @property
     def tokens_per_second(self) -> float:
@@ -129,6 +136,7 @@ class RunMetrics:
             "wall_ms": round(self.wall_s * 1e3, 2),
             "target_infer_ms": round(self.target_infer_s * 1e3, 2),
             "draft_infer_ms": round(self.draft_infer_s * 1e3, 2),
+            "calibration_ms": round(self.calibration_s * 1e3, 2),
             "host_ms": round(self.host_s * 1e3, 2),
         }
 

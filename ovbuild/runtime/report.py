@@ -13,7 +13,7 @@ def format_metrics(metrics: RunMetrics, with_draft: bool) -> str:
         f"generated tokens     {r.num_generated_tokens} in {m.steps} steps, {m.wall_s * 1e3:.1f} ms "
         f"({m.tokens_per_second:.1f} tokens/s)",
         f"time split           target {m.target_infer_s * 1e3:.1f} ms, draft {m.draft_infer_s * 1e3:.1f} ms, "
-        f"host {m.host_s * 1e3:.1f} ms",
+        f"host {m.host_s * 1e3:.1f} ms" + (f", calibration {m.calibration_s * 1e3:.1f} ms" if m.calibration_s else ""),
     ]
     if with_draft:
         lines += [
