@@ -16,6 +16,7 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.hybrid import HybridReference
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID_TEXT, write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
@@ -44,7 +45,8 @@ def make(hybrid, with_draft: bool, steer_seed: int | None = None, slots: int | N
     drafter = BlockDrafter(draft_ir, num_blocks=64, **F32) if with_draft else None
     if drafter is not None and steer_seed is not None:
         drafter = SteeredDrafter(drafter, VOCAB, seed=steer_seed)
-    return Scheduler(target, drafter, max_num_batched_tokens=budget, trace=True)
+    speculation = fixed_speculation(drafter) if drafter is not None else None  # plans independent of the load
+    return Scheduler(target, drafter, max_num_batched_tokens=budget, trace=True, speculation=speculation)
 
 
 def assert_released(scheduler: Scheduler) -> None:

@@ -26,9 +26,12 @@ def pair(tmp_path_factory):
 
 
 async def client(http: httpx.AsyncClient, i: int) -> tuple[str, str | None]:
-    """One streaming client: (text, finish reason); every LEAVING_EVERY-th leaves after two chunks (None)."""
+    """One streaming client: (text, finish reason); every LEAVING_EVERY-th leaves after two chunks (None). Odd
+    clients pin the draft length (the adaptive planner may find that drafting does not pay on a busy machine, and
+    the draft must surely run for losslessness to mean something); the others leave it to the planner."""
     leaves = i % LEAVING_EVERY == 0
     body = {"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "stream": True}
+    body |= {"num_assistant_tokens": 4} if i % 2 else {}
     # a leaving client asks for far more than it waits for, so it surely leaves a running request
     body |= {"max_tokens": 400, "ignore_eos": True} if leaves else {"max_tokens": MAX_TOKENS}
     text, reason, chunks = "", None, 0

@@ -15,19 +15,12 @@ from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, CallCost, Speculation
+from ovbuild.runtime.speculation import AcceptanceStats, CallCost, Speculation
 from ovbuild.testing import TINY_TARGET
+from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
 
 F32 = dict(kv_cache_precision="f32")
-
-
-def fixed_cost(seconds_per_call: float, seconds_per_row: float) -> CallCost:
-    """A cost model that every bucket already knows and that calls do not move (window 0)."""
-    cost = CallCost(window=0)
-    for rows in BUCKETS:
-        cost.observe(int(rows), seconds_per_call + seconds_per_row * rows)
-    return cost
 
 
 def stats(rates: list[float], weight: float = 1000.0) -> AcceptanceStats:
@@ -116,8 +109,7 @@ def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, ri
     alone.run()
     drafter = SteeredDrafter(BlockDrafter(draft_model, **F32), TINY_TARGET["vocab_size"], wrong_at=None if right else 0)
     drafter.wrong_rate = 0.0 if right else 1.0
-    spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5))
-    spec.host_s, spec.observe_host = 1e-4, lambda seconds: None  # measured host time would vary with the machine
+    spec = fixed_speculation(drafter)  # measured costs and host time would vary with the machine
     scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec)
     request = scheduler.add_request(prompt, config)
     drafter.truths[request.id] = [*prompt, *expected.generated]

@@ -14,6 +14,7 @@ from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import TINY_TARGET
+from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
 
 F32 = dict(kv_cache_precision="f32")
@@ -36,13 +37,17 @@ def make_scheduler(
     draft_blocks: int = 64,
     steer_seed: int | None = None,
 ):
-    """A scheduler on the tiny pair; `steer_seed` wraps the draft in a SteeredDrafter so that tokens get accepted."""
+    """A scheduler on the tiny pair; `steer_seed` wraps the draft in a SteeredDrafter so that tokens get accepted.
+    Its planner has fixed costs, so that what adaptive requests draft does not depend on the machine's load."""
     target_model, draft_model = models
     target = PagedModel(target_model, num_blocks=num_blocks, **F32)
     drafter = BlockDrafter(draft_model, num_blocks=draft_blocks, **F32) if with_draft else None
     if drafter is not None and steer_seed is not None:
         drafter = SteeredDrafter(drafter, VOCAB, seed=steer_seed)
-    return Scheduler(target, drafter, max_num_batched_tokens=max_num_batched_tokens, trace=True)
+    speculation = fixed_speculation(drafter) if drafter is not None else None
+    return Scheduler(
+        target, drafter, max_num_batched_tokens=max_num_batched_tokens, trace=True, speculation=speculation
+    )
 
 
 def run(
@@ -196,7 +201,8 @@ def test_default_runtime_options_are_exact(models, kv):
     precision = EXACT_TARGET.kv_cache_precision if kv == "default" else kv
 
     def scheduler(drafter):
-        return Scheduler(PagedModel(target_model, "CPU", precision, EXACT_TARGET.inference_precision), drafter)
+        target = PagedModel(target_model, "CPU", precision, EXACT_TARGET.inference_precision)
+        return Scheduler(target, drafter, speculation=fixed_speculation(drafter) if drafter else None)
 
     alone = run(scheduler(None), arrivals)
     steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))

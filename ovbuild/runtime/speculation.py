@@ -117,6 +117,7 @@ class Speculation:
     draft_cost: CallCost = field(default_factory=CallCost)
     host_s: float = 0.0  # scheduler overhead per step outside the calls (EMA)
     calibration_tried: bool = False  # calibration runs once, before the first plan (see Scheduler._calibrate)
+    learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed
 
     def __post_init__(self):
@@ -133,6 +134,8 @@ class Speculation:
             self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
 
     def observe_host(self, seconds: float) -> None:
+        if not self.learn_host:
+            return
         self.host_s += 0.1 * (seconds - self.host_s) if self.host_s else seconds
 
     def new_stats(self) -> AcceptanceStats:

@@ -1,0 +1,34 @@
+"""A draft-length planner with fixed call costs, so that adaptive speculation makes the same plans on every machine
+and in every run: tests that assert what was drafted or accepted must not depend on how busy the CPU was."""
+
+from __future__ import annotations
+
+from ovbuild.runtime.drafters.base import Drafter
+from ovbuild.runtime.speculation import BUCKETS, CallCost, Speculation
+
+
+def fixed_cost(seconds_per_call: float, seconds_per_row: float) -> CallCost:
+    """A cost model that every bucket already knows and that calls do not move (window 0)."""
+    cost = CallCost(window=0)
+    for rows in BUCKETS:
+        cost.observe(int(rows), seconds_per_call + seconds_per_row * rows)
+    return cost
+
+
+def fixed_speculation(
+    drafter: Drafter,
+    target: tuple[float, float] = (1e-3, 1e-5),
+    draft: tuple[float, float] = (1e-4, 1e-5),
+    host_s: float = 1e-4,
+) -> Speculation:
+    """A planner for `drafter` whose costs never change: (seconds per call, seconds per row) of each model and the
+    host's seconds per step. The defaults are a memory-bound target and a cheap draft, where drafting pays as soon
+    as the draft is often right (it is calibrated already, so no timed calls run either)."""
+    return Speculation(
+        drafter.max_candidates,
+        drafter.candidate_offset,
+        fixed_cost(*target),
+        fixed_cost(*draft),
+        host_s=host_s,
+        learn_host=False,
+    )
