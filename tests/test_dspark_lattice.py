@@ -19,6 +19,7 @@ from ovbuild.runtime.reference.dspark import DSparkReference, confident_prefix
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import F32_NMSE, nmse
+from ovbuild.testing.planner import fixed_speculation
 
 from dspark_helpers import SCHEDULE, load_kind, pack_blocks, run_head
 from paged_helpers import run_draft
@@ -210,7 +211,9 @@ def test_lattice_mode_is_lossless_and_report_both_modes_acceptance(kind, models)
     config = GenerationConfig(max_new_tokens=20)
 
     def run(drafter):
-        scheduler = Scheduler(PagedModel(models["target"], num_blocks=64, **F32), drafter, max_num_batched_tokens=64)
+        speculation = fixed_speculation(drafter) if drafter else None  # it drafts whatever the machine's load
+        target = PagedModel(models["target"], num_blocks=64, **F32)
+        scheduler = Scheduler(target, drafter, max_num_batched_tokens=64, speculation=speculation)
         requests = [scheduler.add_request(p, config) for p in prompts]
         scheduler.run()
         return [r.generated for r in requests], scheduler.metrics.requests
