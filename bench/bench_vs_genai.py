@@ -8,6 +8,11 @@ every mode once (interleaved); each ratio is taken within a round and the median
 spread. Every mode's tokens must equal ovbuild's target alone (greedy; EOS ignored so that all run the same length).
 Both sides run at the same exactness: f32 inference and the same KV cache precision.
 
+One request at a time it also prints the floor of issue 14: for each pinned draft length k, its measured mean
+acceptance length tau_k times t_target(1 row) / (t_target(k + 1 rows) + t_draft(tau_k + k + 1 rows) + t_host), each
+call time the low quartile of the calls the runtime made (its planner's cost model), host its per-step average; the
+best k is the most speculation could give on this pair and machine, and the measured ratio is set against it.
+
     python bench/bench_vs_genai.py [--rounds 5] [--new-tokens 64] [--concurrency 1 4 16 32]
 """
 
@@ -105,12 +110,15 @@ class Modes:
             runs["GenAI DFlash"] = lambda: self.genai_llm(prompts, True)
         return runs
 
-    def ovbuild(self, prompts: list[list[int]], use_draft: bool, concurrent: bool) -> list[list[int]]:
+    def ovbuild(
+        self, prompts: list[list[int]], use_draft: bool, concurrent: bool, k: int | None = None
+    ) -> list[list[int]]:
         batches = [prompts] if concurrent else [[p] for p in prompts]
         out = []
         for batch in batches:
             scheduler = self.pipeline.scheduler(use_draft=use_draft)
-            requests = [scheduler.add_request(p, GenerationConfig(self.new_tokens)) for p in batch]
+            config = GenerationConfig(self.new_tokens, num_assistant_tokens=k)
+            requests = [scheduler.add_request(p, config) for p in batch]
             scheduler.run()
             out += [r.generated for r in requests]
             self.last_metrics = scheduler.metrics
@@ -179,6 +187,32 @@ def main() -> None:
                         lengths.append(modes.last_metrics.requests.draft_length_histogram)
             report(n, len(prompts), args.new_tokens, seconds)
             print(f"    ovbuild draft lengths chosen (last round, decode steps drafting 0, 1, ...): {lengths[-1]}")
+            if n == 1:
+                ratios = [a / d for a, d in zip(seconds["ovbuild alone"], seconds["ovbuild draft"], strict=True)]
+                print_floor(modes, prompts, block, statistics.median(ratios))
+
+
+def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: float) -> None:
+    """The floor of speculation one request at a time, per pinned k, from the runtime's own cost models."""
+    spec = modes.pipeline.speculation
+    print("  floor, one request at a time (tau_k x t_T(1) / (t_T(k+1) + t_D(tau_k+k+1) + t_host)):")
+    t1 = float(spec.target_cost(1))
+    best = 0.0
+    for k in range(1, block):
+        runs = []  # every prompt's totals at this k (the calls also feed the cost models)
+        for p in prompts:
+            modes.ovbuild([p], True, False, k)
+            runs.append(modes.last_metrics.requests)
+        tau = 1 + sum(r.num_accepted_tokens for r in runs) / max(sum(r.num_drafts for r in runs), 1)
+        step = float(spec.target_cost(k + 1)) + float(spec.draft_cost(round(tau) + k + 1)) + spec.host_s
+        floor = tau * t1 / step
+        best = max(best, floor)
+        print(
+            f"    k={k}: tau {tau:.2f}, t_T(1) {t1 * 1e3:.2f} ms, t_T({k + 1}) {spec.target_cost(k + 1) * 1e3:.2f} ms, "
+            f"t_D({round(tau) + k + 1}) {spec.draft_cost(round(tau) + k + 1) * 1e3:.2f} ms, host "
+            f"{spec.host_s * 1e3:.2f} ms -> {floor:.2f}x"
+        )
+    print(f"  best floor {best:.2f}x; ovbuild draft / alone measured {measured:.2f}x = {measured / best:.0%} of it")
 
 
 def report(n: int, requests: int, new_tokens: int, seconds: dict[str, list[float]]) -> None:

@@ -349,7 +349,9 @@ class Scheduler:
                 free.append((request, longest))
         if free and self._plan_skips > 0:
             self._plan_skips -= 1  # the last plan drafted for nobody: the target alone runs, no plan is made
-            lengths.update((request.id, 0) for request, _ in free)
+            for request, longest in free:
+                lengths[request.id] = 0
+                request.acceptance.idle_steps += longest > 0
         elif free:
             start = time.perf_counter()
             calibrate(self.speculation, self.target, self.drafter)
@@ -358,13 +360,15 @@ class Scheduler:
             fixed_target = len(decoding) + pinned_rows + self._prefill_rows()
             fixed_draft = sum(self._block_rows(k) for k in lengths.values() if k)
             context = sum(r.pending_rows for r in live)
+            for request, _ in free:
+                request.acceptance.settle(IDLE_DECAY)  # the steps skipped since the last plan fade it too
             chosen = self.speculation.plan(
                 [(r.acceptance, longest) for r, longest in free], fixed_target, fixed_draft, context, flush
             )
             for (request, longest), k in zip(free, chosen, strict=True):
                 lengths[request.id] = k
                 if k == 0 and longest > 0:
-                    request.acceptance.fade(IDLE_DECAY)  # what it missed fades: drafting resumes when it pays
+                    request.acceptance.idle_steps += 1  # what it missed fades: drafting resumes when it pays
             # While drafting pays for nobody, plan every 2nd, 4th, then 8th step: the plan costs ~10 us per request
             self._plan_backoff = 0 if any(chosen) else min(2 * self._plan_backoff or 1, MAX_PLAN_BACKOFF)
             self._plan_skips = self._plan_backoff

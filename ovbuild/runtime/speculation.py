@@ -6,7 +6,8 @@ expected tokens per second of the next step,
     tokens(k) / (t_target(rows(k)) + [any k > 0] t_draft(draft_rows(k)) + t_host)
 
 where tokens(k) = sum over requests of 1 + s_1 + ... + s_k (s_j: the chance that the first j proposals are all
-accepted, from that request's observed acceptance per position, shrunk towards the run's), and the call times are
+accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one
+standard error optimistic so that early misses do not stop drafting for good), and the call times are
 measured as a function of rows (calibrated once, then updated from every call). The draft works for the rows it
 runs: a request drafting k tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a
 block of that length), plus its pending context rows, which any draft call carries for every request.
@@ -34,6 +35,10 @@ _BUCKET_EDGES = [float(np.sqrt(a * b)) for a, b in itertools.pairwise(BUCKETS)]
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 PRIOR_ACCEPTANCE = 0.6  # of each position before anything is observed: optimistic enough to try drafting
 PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
+# Standard errors added to the run-wide estimate: a greedy planner that stopped drafting on a few early misses would
+# never see the evidence that it was wrong (the demo pair's first request, rejected twice, kept a whole pipeline from
+# drafting again); the bonus shrinks as verifications add up, so a draft that is really poor is still dropped.
+OPTIMISM = 1.0
 REQUEST_WEIGHT = 4.0  # observations the run-wide estimate is worth in a request's own
 DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
 IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
@@ -90,6 +95,7 @@ class AcceptanceStats:
 
     reached: np.ndarray
     accepted: np.ndarray
+    idle_steps: int = 0  # steps without a draft whose fading is still owed (settled before the next plan)
 
     @classmethod
     def empty(cls, positions: int) -> AcceptanceStats:
@@ -105,6 +111,12 @@ class AcceptanceStats:
     def fade(self, decay: float) -> None:
         self.reached *= decay
         self.accepted *= decay
+
+    def settle(self, decay: float) -> None:
+        """Fade by `decay` once per idle step owed: the scheduler counts idle steps between plans and pays them here."""
+        if self.idle_steps:
+            self.fade(decay**self.idle_steps)
+            self.idle_steps = 0
 
 
 @dataclass
@@ -149,7 +161,9 @@ class Speculation:
 
     def survival(self, stats: list[AcceptanceStats]) -> np.ndarray:
         """s [requests, max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request."""
-        run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.run.reached + PRIOR_WEIGHT)
+        seen = self.run.reached + PRIOR_WEIGHT
+        run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / seen
+        run = np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0)
         accepted = np.stack([s.accepted for s in stats])  # [requests, positions]
         reached = np.stack([s.reached for s in stats])
         return np.cumprod((accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT), axis=1)
