@@ -20,7 +20,7 @@ from openvino._pyopenvino.op import loop as Loop
 
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.norm import rms_norm
-from ovbuild.graph.ops import Output, const, i64, named
+from ovbuild.graph.ops import Output, const, first_output, i64, named
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class StepGrid:
     """Where packed rows sit on the [S, L] grid of one call; built once, shared by every linear layer."""
 
     cells: Output  # [S, L] i64: packed row at (sequence, step); past a sequence's end, its last row again
+    valid: Output  # [S, L] boolean: the cell holds a row of its sequence (false past the sequence's end)
     steps: Output  # [1] i64: L
     row_cells: Output  # [T, 2] i64: (sequence, step) of each packed row
     state_sequence: Output  # [Q] i64: sequence of each state row
@@ -52,8 +53,10 @@ def step_grid(subsequence_begins: Output, state_rows: Output, rows_like: Output)
     sequence = ops.reduce_sum(ops.convert(after, ov.Type.i64), i64([1]), False)  # [T]
     row_step = ops.subtract(row, ops.gather(starts, sequence, i64(0)))  # [T]
     row_cells = ops.concat([ops.unsqueeze(sequence, i64([1])), ops.unsqueeze(row_step, i64([1]))], 1)  # [T, 2]
+    valid = ops.less(ops.unsqueeze(step, i64([0])), ops.unsqueeze(lengths, i64([1])))  # [S, L]
     return StepGrid(
         named(cells, "linear_attention/grid/cells"),
+        named(valid, "linear_attention/grid/valid"),
         named(steps, "linear_attention/grid/steps"),
         named(row_cells, "linear_attention/grid/row_cells"),
         named(ops.gather(sequence, state_rows, i64(0)), "linear_attention/grid/state_sequence"),
@@ -174,20 +177,16 @@ def delta_rule_loop(
     node.set_function(body)
     node.set_special_body_ports([params.index(iteration), 0])
     for param, value in zip(params[:5], (q, k, v, g, beta), strict=True):
-        node.set_sliced_input(param, _out(value), 0, 1, 1, -1, 1)
-    node.set_merged_input(carried, _out(state), results[1].output(0))
+        node.set_sliced_input(param, first_output(value), 0, 1, 1, -1, 1)
+    node.set_merged_input(carried, first_output(state), results[1].output(0))
     zeros = ops.broadcast(
         const(0.0),
         ops.concat([ops.shape_of(grid.state_sequence, ov.Type.i64), i64([heads, dk, dv])], 0),
     )  # [Q, Hv, Dk, Dv]
     node.set_merged_input(kept, zeros.output(0), results[2].output(0))
-    node.set_invariant_input(kept_sequence, _out(grid.state_sequence))
-    node.set_invariant_input(kept_step, _out(grid.state_step))
+    node.set_invariant_input(kept_sequence, first_output(grid.state_sequence))
+    node.set_invariant_input(kept_step, first_output(grid.state_step))
     outputs = node.get_concatenated_slices(results[3].output(0), 0, 1, 1, -1, 1)  # [S, L, Hv, Dv]
     final_kept = node.get_iter_value(results[2].output(0), -1)
     node.set_friendly_name(f"{at}/delta_rule")
     return outputs, final_kept
-
-
-def _out(x) -> Output:
-    return x.output(0) if isinstance(x, ov.Node) else x
