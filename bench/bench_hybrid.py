@@ -1,12 +1,14 @@
-"""The delta rule of a hybrid target's linear layer: ovbuild's opset Loop against OpenVINO's internal GatedDeltaNet op.
+"""The delta rule of a hybrid target's linear layer: ovbuild's chunked form and per-row opset Loop against OpenVINO's
+internal GatedDeltaNet op.
 
-At a Qwen3.6/3.8-like layer (48 value heads, key and value heads of 128) this times, side by side in one process,
-the recurrence alone on the same [sequences, steps] inputs: decode (4 sequences x 1 row), verification (4 x 5 rows)
-and a prefill chunk (1 x 256 rows). The Loop form also reports the state after every state row (here: each
-sequence's last row); the op reports only the final state, which is why the graph does not use it (docs/hybrid.md).
-The op has no Python constructor: it is written into an IR by hand and read back (the CPU plugin knows it).
+At a Qwen3.6/3.8-like layer (48 value heads, key and value heads of 128) this times, interleaved in one process, the
+recurrence alone on the same [sequences, steps] inputs: decode (4 sequences x 1 row), verification (4 x 5 rows, the
+states after every row) and prefill chunks (1 x 256, 1 x 512 rows, the state after the last row). ovbuild's forms
+report the state after every state row; the op reports only the final state, which is why the graph does not use it
+(docs/hybrid.md). The op has no Python constructor: it is written into an IR by hand and read back (the CPU plugin
+knows it).
 
-    python bench/bench_hybrid.py [--calls 10] [--heads 48] [--dim 128]
+    python bench/bench_hybrid.py [--calls 10] [--heads 48] [--dim 128] [--chunks 16,32,64]
 """
 
 from __future__ import annotations
@@ -20,15 +22,24 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from ovbuild.graph.gated_delta import StepGrid, delta_rule_loop, step_grid
+from ovbuild.graph.gated_delta import delta_rule_loop
+from ovbuild.graph.gated_delta_chunked import delta_rule_chunked
 from ovbuild.graph.ir import core
 from ovbuild.graph.ops import parameter, result
+from ovbuild.graph.step_grid import StepGrid, step_grid
 from ovbuild.runtime.machine import describe
 
-CASES = {"decode 4 x 1": (4, 1), "verify 4 x 5": (4, 5), "prefill 1 x 256": (1, 256)}
+# (sequences, rows each, state rows: every row or each sequence's last)
+CASES = {
+    "decode 4 x 1": (4, 1, False),
+    "verify 4 x 5": (4, 5, True),
+    "prefill 1 x 256": (1, 256, False),
+    "prefill 1 x 512": (1, 512, False),
+}
 
 
-def loop_model(heads: int, dk: int, dv: int) -> ov.Model:
+def rule_model(heads: int, dk: int, dv: int, chunk: int = 0) -> ov.Model:
+    """The per-row Loop (chunk 0) or the chunked form, with the states after the state rows."""
     names = {"q": dk, "k": dk, "v": dv}
     grid_inputs = [parameter(n, [-1, -1, heads, d], ov.Type.f32) for n, d in names.items()]
     g, beta = (parameter(n, [-1, -1, heads], ov.Type.f32) for n in ("g", "beta"))
@@ -38,7 +49,8 @@ def loop_model(heads: int, dk: int, dv: int) -> ov.Model:
     state_rows = parameter("state_rows", [-1], ov.Type.i64)
     grid: StepGrid = step_grid(begins.output(0), state_rows.output(0), rows.output(0))
     q, k, v = (p.output(0) for p in grid_inputs)
-    out, kept = delta_rule_loop(q, k, v, g.output(0), beta.output(0), state.output(0), grid, "bench")
+    args = (q, k, v, g.output(0), beta.output(0), state.output(0), grid, "bench")
+    out, kept = delta_rule_chunked(*args, chunk=chunk) if chunk else delta_rule_loop(*args)
     params = [*grid_inputs, g, beta, state, begins, rows, state_rows]
     return ov.Model([result(out, "out"), result(kept, "states")], params, "loop")
 
@@ -96,14 +108,17 @@ def inputs(rng: np.random.Generator, s: int, length: int, heads: int, dk: int, d
     }
 
 
-def timed(request: ov.InferRequest, feed: dict[str, np.ndarray], calls: int) -> float:
-    request.infer(feed)
-    times = []
+def interleaved(requests: dict[str, ov.InferRequest], feeds: dict[str, dict], calls: int) -> dict[str, float]:
+    """Median ms of each request over `calls` rounds, one call of each per round (after a warm-up call)."""
+    times: dict[str, list[float]] = {name: [] for name in requests}
+    for name, request in requests.items():
+        request.infer(feeds[name])
     for _ in range(calls):
-        start = time.perf_counter()
-        request.infer(feed)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        for name, request in requests.items():
+            start = time.perf_counter()
+            request.infer(feeds[name])
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
 def main() -> None:
@@ -111,29 +126,46 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--heads", type=int, default=48)
     ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--chunks", default="64", help="comma list of chunk sizes (powers of two)")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma list of: " + ", ".join(CASES))
     args = ap.parse_args()
     heads, dk, dv = args.heads, args.dim, args.dim
+    chunks = [int(c) for c in args.chunks.split(",")]
     print(describe())
     config = {"INFERENCE_PRECISION_HINT": "f32"}
+    compiled = {"Loop": rule_model(heads, dk, dv)} | {f"chunk {c}": rule_model(heads, dk, dv, c) for c in chunks}
     with tempfile.TemporaryDirectory() as tmp:
-        loop = core().compile_model(loop_model(heads, dk, dv), "CPU", config).create_infer_request()
-        op = core().compile_model(op_model(Path(tmp), heads, dk, dv), "CPU", config).create_infer_request()
+        compiled["op"] = op_model(Path(tmp), heads, dk, dv)
+        requests = {n: core().compile_model(m, "CPU", config).create_infer_request() for n, m in compiled.items()}
     rng = np.random.default_rng(0)
-    print(f"delta rule, {heads} value heads, dk = dv = {dk}; median of {args.calls} calls (ms)")
-    print(f"{'case':<18} {'Loop':>8} {'GatedDeltaNet':>14} {'Loop / op':>10} {'max |diff|':>11}")
-    for name, (s, length) in CASES.items():
+    print(f"delta rule, {heads} value heads, dk = dv = {dk}; median of {args.calls} interleaved calls (ms)")
+    names = list(requests)
+    print(
+        f"{'case':<18} "
+        + " ".join(f"{n:>9}" for n in names)
+        + f" {'Loop/chunk':>10} {'chunk/op':>9} {'max |diff|':>11}"
+    )
+    for case in args.cases.split(","):
+        s, length, every_row = CASES[case]
         feed = inputs(rng, s, length, heads, dk, dv)
-        # the op scales q by 1/sqrt(dk) itself; the Loop takes q scaled, as the graph builds it
+        # the op scales q by 1/sqrt(dk) itself; ovbuild's forms take q scaled, as the graph builds it
         op_feed = {**feed, "q": feed["q"] * np.float32(np.sqrt(dk))}
-        loop_feed = {
+        last_rows = np.arange(length - 1, s * length, length, dtype=np.int64)
+        rule_feed = {
             **feed,
             "subsequence_begins": np.arange(0, (s + 1) * length, length, dtype=np.int32),
             "rows": np.zeros(s * length, np.int64),
-            "state_rows": np.arange(length - 1, s * length, length, dtype=np.int64),
+            "state_rows": np.arange(s * length, dtype=np.int64) if every_row else last_rows,
         }
-        t_loop, t_op = timed(loop, loop_feed, args.calls), timed(op, op_feed, args.calls)
-        diff = np.abs(loop.get_tensor("states").data - op.get_output_tensor(1).data).max()
-        print(f"{name:<18} {t_loop:>8.2f} {t_op:>14.2f} {t_loop / t_op:>10.1f} {diff:>11.1e}")
+        ms = interleaved(requests, {n: op_feed if n == "op" else rule_feed for n in names}, args.calls)
+        final = requests["op"].get_output_tensor(1).data
+        diff = 0.0
+        for n in names[:-1]:  # every form's states after the last rows against the op's final states
+            states = requests[n].get_tensor("states").data
+            diff = max(diff, float(np.abs((states[last_rows] if every_row else states) - final).max()))
+        best = min(ms[n] for n in names[1:-1])
+        row = " ".join(f"{ms[n]:>9.2f}" for n in names)
+        print(f"{case:<18} {row} {ms['Loop'] / best:>10.1f} {best / ms['op']:>9.2f} {diff:>11.1e}")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ import openvino as ov
 import openvino.opset16 as ops
 from openvino._pyopenvino.op import loop as Loop
 
-from ovbuild.graph.gated_delta import StepGrid
 from ovbuild.graph.ops import Output, const, first_output, i64, named
+from ovbuild.graph.step_grid import StepGrid
 
 CHUNK = 64  # rows per chunk; bench/bench_hybrid.py --chunks measures others
 
