@@ -79,6 +79,8 @@ def delta_rule_chunked(
     scaled_k = ops.multiply(kc, ops.unsqueeze(ops.multiply(bc, gate), i64([-1])))  # [N, S, Hv, c, Dk]
     recall = named(ops.matmul(inverse, scaled_k, False, False), f"{at}/W")  # [N, S, Hv, c, Dk]
     gated_q = ops.multiply(qc, ops.unsqueeze(gate, i64([-1])))  # [N, S, Hv, c, Dk]
+    # both read the state entering the chunk: one MatMul against it in the loop
+    reads = named(ops.concat([recall, gated_q], 3), f"{at}/reads")  # [N, S, Hv, 2c, Dk]
     qk = named(ops.multiply(ops.matmul(qc, kc, False, True), decay), f"{at}/qk")  # [N, S, Hv, c, c]
     last = ops.subtract(size, i64(1))  # [1]
     to_end = ops.gather(decay, last, i64(3))  # [N, S, Hv, 1, c]: D from each row to the chunk's last
@@ -91,8 +93,7 @@ def delta_rule_chunked(
 
     sliced = {
         "writes": (writes, [-1, heads, -1, dv]),
-        "recall": (recall, [-1, heads, -1, dk]),
-        "gated_q": (gated_q, [-1, heads, -1, dk]),
+        "reads": (reads, [-1, heads, -1, dk]),
         "qk": (qk, [-1, heads, -1, -1]),
         "end_k": (end_k, [-1, heads, -1, dk]),
         "end_gate": (end_gate, [-1, heads, 1]),
@@ -109,8 +110,9 @@ def delta_rule_chunked(
     kept_chunk_in = ops.parameter([-1], ov.Type.i64, name="state_chunk")
     kept_row_in = ops.parameter([-1], ov.Type.i64, name="state_row")
 
-    u = ops.subtract(x["writes"], ops.matmul(x["recall"], carried, False, False))  # [S, Hv, c, Dv]
-    out = ops.add(ops.matmul(x["gated_q"], carried, False, False), ops.matmul(x["qk"], u, False, False))
+    recalled, read = ops.split(ops.matmul(x["reads"], carried, False, False), i64(2), 2).outputs()  # [S, Hv, c, Dv]
+    u = ops.subtract(x["writes"], recalled)  # [S, Hv, c, Dv]
+    out = ops.add(read, ops.matmul(x["qk"], u, False, False))  # [S, Hv, c, Dv]
     out = ops.unsqueeze(out, i64([0]))  # [1, S, Hv, c, Dv]
     end = ops.multiply(carried, ops.unsqueeze(x["end_gate"], i64([-1])))  # [S, Hv, Dk, Dv]
     end = ops.add(end, ops.matmul(x["end_k"], u, True, False))  # [S, Hv, Dk, Dv]
