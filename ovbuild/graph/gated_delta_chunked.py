@@ -2,8 +2,9 @@
 
 Everything that does not depend on the state entering a chunk is computed for all chunks at once with batched
 MatMuls: the decays, the inverse of the chunk's unit lower-triangular system and the products with it. What is left
-runs as one opset Loop over the chunks, four MatMuls against the carried state per chunk, plus the states after the
-state rows that fall in that chunk.
+runs as one opset Loop over the chunks, three MatMuls per chunk. The states after the state rows are found after the
+loop when the row is in the first chunk or is its sequence's last row (all of the runtime's); the loop keeps the
+others.
 
 Per sequence and value head, in a chunk of c rows with γ_t = Σ_{s≤t} g_s and D_ts = exp(γ_t − γ_s) (s ≤ t, else 0):
   T = (I + diag(β) strict_lower(D ⊙ K Kᵀ))⁻¹,  U = T (β ⊙ V),  W = T (β ⊙ exp(γ) ⊙ K)
@@ -11,6 +12,8 @@ Per sequence and value head, in a chunk of c rows with γ_t = Σ_{s≤t} g_s and
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import openvino as ov
@@ -87,11 +90,11 @@ def delta_rule_chunked(
     end_k = ops.multiply(kc, ops.transpose(to_end, i64([0, 1, 2, 4, 3])))  # [N, S, Hv, c, Dk]
     end_gate = ops.gather(gate, last, i64(3))  # [N, S, Hv, 1]
 
-    # state rows: the chunk of each and its row there
-    kept_chunk = ops.divide(grid.state_step, ops.squeeze(size, i64([0])))  # [Q]
-    kept_row = ops.floor_mod(grid.state_step, ops.squeeze(size, i64([0])))  # [Q]
-
-    sliced = {
+    # State rows: those in the first chunk start from the input state and those at a sequence's last row end with
+    # it (cells past the end change nothing), so both are found after the loop; the loop keeps only the others
+    # (none in the runtime's calls), in a buffer it carries, which costs a copy per chunk.
+    rows = _state_rows(grid, size)
+    tensors = {
         "writes": (writes, [-1, heads, -1, dv]),
         "reads": (reads, [-1, heads, -1, dk]),
         "qk": (qk, [-1, heads, -1, -1]),
@@ -101,60 +104,113 @@ def delta_rule_chunked(
         "k": (kc, [-1, heads, -1, dk]),
         "gate": (gate, [-1, heads, -1]),
     }
-    body_in = {name: ops.parameter([1, *dims], ov.Type.f32, name=name) for name, (_, dims) in sliced.items()}
+    outputs, final, u, held = _chunk_loop(tensors, state, count, rows, at)
+    first = ops.gather(rows.sequence, rows.first, i64(0))  # [F]
+    picked = [ops.gather(x, i64(0), i64(0)) for x in (gate, decay, kc, u)]  # chunk 0's: [S, Hv, ...]
+    from_input = _states_after(state, *picked, first, ops.gather(rows.row, rows.first, i64(0)))  # [F, Hv, Dk, Dv]
+    at_end = ops.gather(final, ops.gather(rows.sequence, rows.last, i64(0)), i64(0))  # [E, Hv, Dk, Dv]
+    states = ops.gather(ops.concat([from_input, at_end, held], 0), rows.position, i64(0))  # [Q, Hv, Dk, Dv]
+    outputs = ops.transpose(outputs, i64([1, 0, 3, 2, 4]))  # [S, N, c, Hv, Dv]
+    outputs = ops.reshape(outputs, i64([0, -1, heads, dv]), True)  # [S, N c, Hv, Dv]
+    return named(outputs, f"{at}/outputs"), named(states, f"{at}/states")
+
+
+@dataclass(frozen=True)
+class _StateRows:
+    """The state rows of a call by how their states are found: in the first chunk (F), the last row of their
+    sequence past the first chunk (E), the others (H: kept by the loop)."""
+
+    sequence: Output  # [Q] i64
+    chunk: Output  # [Q] i64
+    row: Output  # [Q] i64: the row within its chunk
+    first: Output  # [F] i64: indices into the Q state rows
+    last: Output  # [E] i64
+    held: Output  # [H] i64
+    position: Output  # [Q] i64: each state row's place in [first ; last ; held]
+
+
+def _state_rows(grid: StepGrid, size: Output) -> _StateRows:
+    c = ops.squeeze(size, i64([0]))  # []
+    chunk = ops.divide(grid.state_step, c)  # [Q]
+    lengths = ops.reduce_sum(ops.convert(grid.valid, ov.Type.i64), i64([1]), False)  # [S]
+    ends = ops.equal(grid.state_step, ops.gather(ops.subtract(lengths, i64(1)), grid.state_sequence, i64(0)))
+    in_first = ops.equal(chunk, i64(0))  # [Q]
+    later = ops.logical_not(in_first)
+
+    def where(mask: Output) -> Output:
+        return ops.reshape(ops.non_zero(mask), i64([-1]), False).output(0)  # [M]
+
+    first, last = where(in_first), where(ops.logical_and(later, ends))
+    held = where(ops.logical_and(later, ops.logical_not(ends)))
+    order = ops.concat([first, last, held], 0)  # [Q]
+    count = ops.shape_of(order, ov.Type.i64)  # [1]
+    places = ops.range(i64(0), ops.squeeze(count, i64([0])), i64(1), ov.Type.i64)  # [Q]
+    position = ops.scatter_update(ops.broadcast(i64(0), count), order, places, i64(0))  # [Q]
+    row = ops.floor_mod(grid.state_step, c)
+    return _StateRows(grid.state_sequence, chunk.output(0), row.output(0), first, last, held, position.output(0))
+
+
+def _chunk_loop(
+    tensors: dict[str, tuple[Output, list[int]]], state: Output, count: Output, rows: _StateRows, at: str
+) -> tuple[Output, Output, Output, Output]:
+    """One Loop iteration per chunk over the per-chunk tensors [N, S, Hv, ...]: the outputs [N, S, Hv, c, Dv], the
+    final state [S, Hv, Dk, Dv], the writes u [N, S, Hv, c, Dv] and the states after the held rows [H, Hv, Dk, Dv]."""
+    shape = state.get_partial_shape()
+    heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
+    body_in = {name: ops.parameter([1, *dims], ov.Type.f32, name=name) for name, (_, dims) in tensors.items()}
     x = {name: ops.squeeze(p, i64([0])) for name, p in body_in.items()}  # one chunk: [S, Hv, ...]
     carried = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="state")
-    kept = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="kept")
+    held = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="held")
     iteration = ops.parameter([], ov.Type.i64, name="iteration")
-    kept_sequence = ops.parameter([-1], ov.Type.i64, name="state_sequence")
-    kept_chunk_in = ops.parameter([-1], ov.Type.i64, name="state_chunk")
-    kept_row_in = ops.parameter([-1], ov.Type.i64, name="state_row")
+    held_sequence = ops.parameter([-1], ov.Type.i64, name="held_sequence")
+    held_chunk = ops.parameter([-1], ov.Type.i64, name="held_chunk")
+    held_row = ops.parameter([-1], ov.Type.i64, name="held_row")
 
     recalled, read = ops.split(ops.matmul(x["reads"], carried, False, False), i64(2), 2).outputs()  # [S, Hv, c, Dv]
     u = ops.subtract(x["writes"], recalled)  # [S, Hv, c, Dv]
     out = ops.add(read, ops.matmul(x["qk"], u, False, False))  # [S, Hv, c, Dv]
-    out = ops.unsqueeze(out, i64([0]))  # [1, S, Hv, c, Dv]
     end = ops.multiply(carried, ops.unsqueeze(x["end_gate"], i64([-1])))  # [S, Hv, Dk, Dv]
     end = ops.add(end, ops.matmul(x["end_k"], u, True, False))  # [S, Hv, Dk, Dv]
-
-    # the states after the state rows in this chunk (M of them): exp(γ_t) S₀ + Σ_s D_ts k_s ⊗ u_s
-    here = ops.reshape(ops.non_zero(ops.equal(kept_chunk_in, iteration)), i64([-1]), False)  # [M]
-    sequence = ops.gather(kept_sequence, here, i64(0))  # [M]
-    row = ops.gather(kept_row_in, here, i64(0))  # [M]
-    cells = ops.concat([ops.unsqueeze(sequence, i64([1])), ops.unsqueeze(row, i64([1]))], 1)  # [M, 2]
-    weights = ops.gather_nd(ops.transpose(x["decay"], i64([0, 2, 1, 3])), cells)  # [M, Hv, c]: D_ts, row t
-    row_gate = ops.gather_nd(ops.transpose(x["gate"], i64([0, 2, 1])), cells)  # [M, Hv]: exp(γ_t)
-    keys = ops.multiply(ops.gather(x["k"], sequence, i64(0)), ops.unsqueeze(weights, i64([-1])))  # [M, Hv, c, Dk]
-    states = ops.matmul(keys, ops.gather(u, sequence, i64(0)), True, False)  # [M, Hv, Dk, Dv]
-    start = ops.gather(carried, sequence, i64(0))  # [M, Hv, Dk, Dv]
-    states = ops.add(states, ops.multiply(start, ops.reshape(row_gate, i64([0, heads, 1, 1]), True)))
-    kept_new = ops.scatter_update(kept, here, states, i64(0))  # [Q, Hv, Dk, Dv]
+    here = ops.reshape(ops.non_zero(ops.equal(held_chunk, iteration)), i64([-1]), False)  # [M]
+    sequence, row = (ops.gather(x, here, i64(0)) for x in (held_sequence, held_row))  # [M]
+    states = _states_after(carried, x["gate"], x["decay"], x["k"], u, sequence, row)  # [M, Hv, Dk, Dv]
+    held_new = ops.scatter_update(held, here, states, i64(0))  # [H, Hv, Dk, Dv]
 
     go_on = ops.constant(np.bool_(True))
-    params = [*body_in.values(), carried, kept, iteration, kept_sequence, kept_chunk_in, kept_row_in]
-    results = [ops.result(go_on), ops.result(end), ops.result(kept_new), ops.result(out)]
-    body = ov.Model(results, params, f"{at}/chunk")
-
+    params = [*body_in.values(), carried, held, iteration, held_sequence, held_chunk, held_row]
+    results = [ops.result(go_on), ops.result(end), ops.result(held_new)]
+    results += [ops.result(ops.unsqueeze(y, i64([0]))) for y in (out, u)]  # [1, S, Hv, c, Dv]
     node = Loop(ops.squeeze(count, i64([0])).output(0), ops.constant(np.bool_(True)).output(0))
-    node.set_function(body)
+    node.set_function(ov.Model(results, params, f"{at}/chunk"))
     node.set_special_body_ports([params.index(iteration), 0])
-    for name, (value, _) in sliced.items():
+    for name, (value, _) in tensors.items():
         node.set_sliced_input(body_in[name], first_output(value), 0, 1, 1, -1, 0)
     node.set_merged_input(carried, first_output(state), results[1].output(0))
     zeros = ops.broadcast(
-        const(0.0),
-        ops.concat([ops.shape_of(grid.state_sequence, ov.Type.i64), i64([heads, dk, dv])], 0),
-    )  # [Q, Hv, Dk, Dv]
-    node.set_merged_input(kept, zeros.output(0), results[2].output(0))
-    node.set_invariant_input(kept_sequence, first_output(grid.state_sequence))
-    node.set_invariant_input(kept_chunk_in, kept_chunk.output(0))
-    node.set_invariant_input(kept_row_in, kept_row.output(0))
-    outputs = node.get_concatenated_slices(results[3].output(0), 0, 1, 1, -1, 0)  # [N, S, Hv, c, Dv]
-    final_kept = node.get_iter_value(results[2].output(0), -1)
+        const(0.0), ops.concat([ops.shape_of(rows.held, ov.Type.i64), i64([heads, dk, dv])], 0)
+    )  # [H, Hv, Dk, Dv]
+    node.set_merged_input(held, zeros.output(0), results[2].output(0))
+    for param, index in ((held_sequence, rows.sequence), (held_chunk, rows.chunk), (held_row, rows.row)):
+        node.set_invariant_input(param, ops.gather(index, rows.held, i64(0)).output(0))
     node.set_friendly_name(at)
-    outputs = ops.transpose(outputs, i64([1, 0, 3, 2, 4]))  # [S, N, c, Hv, Dv]
-    outputs = ops.reshape(outputs, i64([0, -1, heads, dv]), True)  # [S, N c, Hv, Dv]
-    return named(outputs, f"{at}/outputs"), final_kept
+    outputs, u_all = (node.get_concatenated_slices(r.output(0), 0, 1, 1, -1, 0) for r in results[3:])
+    final, held_out = (node.get_iter_value(r.output(0), -1) for r in results[1:3])
+    return outputs, final, u_all, held_out
+
+
+def _states_after(
+    start: Output, gate: Output, decay: Output, k: Output, u: Output, sequence: Output, row: Output
+) -> Output:
+    """The states after M rows of one chunk, exp(γ_t) S₀ + Σ_s D_ts k_s ⊗ u_s, from that chunk's tensors for all
+    sequences (start [S, Hv, Dk, Dv], gate [S, Hv, c], decay [S, Hv, c, c], k [S, Hv, c, Dk], u [S, Hv, c, Dv]) and
+    each row's sequence and row within the chunk ([M]). Returns [M, Hv, Dk, Dv]."""
+    cells = ops.concat([ops.unsqueeze(sequence, i64([1])), ops.unsqueeze(row, i64([1]))], 1)  # [M, 2]
+    weights = ops.gather_nd(ops.transpose(decay, i64([0, 2, 1, 3])), cells)  # [M, Hv, c]: D_ts of row t
+    row_gate = ops.gather_nd(ops.transpose(gate, i64([0, 2, 1])), cells)  # [M, Hv]: exp(γ_t)
+    keys = ops.multiply(ops.gather(k, sequence, i64(0)), ops.unsqueeze(weights, i64([-1])))  # [M, Hv, c, Dk]
+    states = ops.matmul(keys, ops.gather(u, sequence, i64(0)), True, False)  # [M, Hv, Dk, Dv]
+    begin = ops.multiply(ops.gather(start, sequence, i64(0)), ops.unsqueeze(row_gate, i64([2, 3])))
+    return ops.add(states, begin).output(0)
 
 
 def _masks(chunk: int, size: Output) -> tuple[Output, Output, list[Output]]:
