@@ -23,7 +23,7 @@ from openvino._pyopenvino.op import loop as Loop
 from ovbuild.graph.ops import Output, const, first_output, i64, named
 from ovbuild.graph.step_grid import StepGrid
 
-CHUNK = 64  # rows per chunk; bench/bench_hybrid.py --chunks measures others
+CHUNK = 32  # rows per chunk: the fastest of 16, 32, 64 at prefill 1 x 512 (bench/bench_hybrid.py --chunks 16,32,64)
 
 
 def delta_rule_chunked(
