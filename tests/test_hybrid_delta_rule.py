@@ -8,7 +8,7 @@ import openvino as ov
 import openvino.opset16 as ops
 import pytest
 
-from ovbuild.graph.gated_delta import delta_rule, delta_rule_loop
+from ovbuild.graph.gated_delta import delta_rule_loop
 from ovbuild.graph.gated_delta_chunked import delta_rule_chunked
 from ovbuild.graph.ir import core
 from ovbuild.graph.ops import parameter, result
@@ -20,9 +20,8 @@ HEADS, DK, DV = 3, 8, 6
 GARBAGE = {"q": 7.0, "k": 7.0, "v": 7.0, "g": 50.0, "beta": 0.9}  # past a sequence's end: must never be read
 
 
-def compiled(chunk: int | str) -> ov.CompiledModel:
-    """The rule on [S, L] grid inputs (chunk 0: the per-row Loop, "graph": the target's choice); outputs gathered
-    back to packed rows."""
+def compiled(chunk: int) -> ov.CompiledModel:
+    """The rule on [S, L] grid inputs (chunk 0: the per-row Loop); outputs gathered back to packed rows."""
     q, k = (parameter(n, [-1, -1, HEADS, DK], ov.Type.f32) for n in "qk")
     v = parameter("v", [-1, -1, HEADS, DV], ov.Type.f32)
     g, beta = (parameter(n, [-1, -1, HEADS], ov.Type.f32) for n in ("g", "beta"))
@@ -32,10 +31,7 @@ def compiled(chunk: int | str) -> ov.CompiledModel:
     state_rows = parameter("state_rows", [-1], ov.Type.i64)
     grid = step_grid(begins.output(0), state_rows.output(0), rows.output(0))
     args = (q.output(0), k.output(0), v.output(0), g.output(0), beta.output(0), state.output(0), grid, "test")
-    if chunk == "graph":
-        out, states = delta_rule(*args)
-    else:
-        out, states = delta_rule_chunked(*args, chunk=chunk) if chunk else delta_rule_loop(*args)
+    out, states = delta_rule_chunked(*args, chunk=chunk) if chunk else delta_rule_loop(*args)
     outputs = [result(ops.gather_nd(out, grid.row_cells), "out"), result(states, "states")]
     model = ov.Model(outputs, [q, k, v, g, beta, state, begins, rows, state_rows], "delta_rule")
     return core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
@@ -96,7 +92,7 @@ def run(chunk: int, seqs, state_rows) -> tuple[np.ndarray, np.ndarray]:
     return request.get_tensor("out").data.copy(), request.get_tensor("states").data.copy()
 
 
-@pytest.mark.parametrize("chunk", [0, 1, 4, 16, 64, "graph"])
+@pytest.mark.parametrize("chunk", [0, 1, 4, 16, 32, 64])
 def test_ragged_sequences_every_row(chunk):
     """Lengths 1, 5, 33, 70 in one call (70 rows: more than 4 chunks of 16), every row's state reported."""
     seqs = sequences([1, 5, 33, 70], np.random.default_rng(7))
@@ -108,9 +104,9 @@ def test_ragged_sequences_every_row(chunk):
     assert nmse(ref_states[-1], seqs[-1]["state"]) > 0.01, "the state must change, or the test proves nothing"
 
 
-@pytest.mark.parametrize("chunk", [16, "graph"])
+@pytest.mark.parametrize("chunk", [0, 32])
 def test_decode_call(chunk):
-    """One row per sequence (the graph takes a single step), states in any order."""
+    """One row per sequence (a chunk of one row), states in any order."""
     seqs = sequences([1, 1, 1], np.random.default_rng(6))
     out, states = run(chunk, seqs, [2, 0, 1, 2])
     ref_out, ref_states = reference(seqs, [2, 0, 1, 2])

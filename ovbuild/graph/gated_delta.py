@@ -13,8 +13,6 @@ u ─ in_proj_qkv ─ causal conv (+ conv state) ─ silu ─ q, k (l2-normalize
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
@@ -63,7 +61,7 @@ def gated_delta_net(
     dt_bias = ctx.weights.get(f"{p}.dt_bias", (nv,)).to_f32()
     g = ops.multiply(ops.softplus(ops.add(a, const(dt_bias))), const(-rate))  # [T, Hv]: log decay of each row
     g = ops.gather(g, grid.cells, i64(0))  # [S, L, Hv]
-    out, state_out = delta_rule(q, k, v, g, beta, recurrent_state, grid, at)
+    out, state_out = delta_rule_chunked(q, k, v, g, beta, recurrent_state, grid, at)
     out = ops.gather_nd(out, grid.row_cells)  # [T, Hv, Dv]
     norm_w = ctx.weights.get(f"{p}.norm", (dv,)).to_f32()
     normed = rms_norm(out, const(norm_w), cfg.rms_norm_eps, f"{at}/norm")
@@ -97,57 +95,6 @@ def conv_states_at(window: Output, grid: StepGrid, kernel: int, path_: str) -> O
 def l2_normalize(x: Output, eps: float = 1e-6) -> Output:
     """x / sqrt(sum(x^2, last axis) + eps)."""
     return ops.divide(x, ops.sqrt(ops.add(ops.reduce_sum(ops.multiply(x, x), i64([-1]), True), const(eps))))
-
-
-_GRID_SHAPES = {"cells": [-1, -1], "valid": [-1, -1], "steps": [1], "row_cells": [-1, 2]}
-_GRID_SHAPES |= {"state_sequence": [-1], "state_step": [-1]}
-
-
-def delta_rule(
-    q: Output, k: Output, v: Output, g: Output, beta: Output, state: Output, grid: StepGrid, at: str
-) -> tuple[Output, Output]:
-    """The gated delta rule of a call: one step when it has one row per sequence (decode), else in chunks.
-
-    Arguments and results as `delta_rule_chunked`'s. The single step skips the chunked form's fixed cost, about
-    0.7 ms a layer at 8 to 24 value heads (bench/bench_hybrid.py), which a decode call would pay in every layer.
-    """
-    shape = state.get_partial_shape()
-    heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
-    inner = {
-        "q": (q, [-1, -1, heads, dk], ov.Type.f32),
-        "k": (k, [-1, -1, heads, dk], ov.Type.f32),
-        "v": (v, [-1, -1, heads, dv], ov.Type.f32),
-        "g": (g, [-1, -1, heads], ov.Type.f32),
-        "beta": (beta, [-1, -1, heads], ov.Type.f32),
-        "state": (state, [-1, heads, dk, dv], ov.Type.f32),
-        **{f"grid.{f.name}": (getattr(grid, f.name), _GRID_SHAPES[f.name], None) for f in fields(StepGrid)},
-    }
-    branches = []
-    for chunked in (False, True):
-        p = {
-            name: ops.parameter(dims, t or value.get_element_type(), name=name)
-            for name, (value, dims, t) in inner.items()
-        }
-        x = {name: param.output(0) for name, param in p.items()}
-        sub = StepGrid(**{f.name: x[f"grid.{f.name}"] for f in fields(StepGrid)})
-        if chunked:
-            out, states = delta_rule_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], sub, at)
-        else:
-            valid = ops.unsqueeze(sub.valid, i64([2]))  # [S, 1, 1]: a sequence without rows keeps its state
-            g1, beta1 = (ops.select(valid, x[n], const(0.0)) for n in ("g", "beta"))
-            s, out = delta_rule_step(x["q"], x["k"], x["v"], g1, beta1, x["state"])
-            states = ops.gather(s, sub.state_sequence, i64(0))  # [Q, Hv, Dk, Dv]
-        results = [ops.result(out), ops.result(states)]
-        branches.append((ov.Model(results, list(p.values()), f"{at}/delta_rule"), p, results))
-    one_row = ops.squeeze(ops.equal(grid.steps, i64([1])), i64([0]))  # []
-    node = ops.if_op(first_output(one_row))
-    node.set_then_body(branches[0][0])
-    node.set_else_body(branches[1][0])
-    for name, (value, _, _) in inner.items():
-        node.set_input(first_output(value), branches[0][1][name], branches[1][1][name])
-    outs = [node.set_output(a, b) for a, b in zip(branches[0][2], branches[1][2], strict=True)]
-    node.set_friendly_name(f"{at}/delta_rule")
-    return outs[0], outs[1]
 
 
 def delta_rule_step(q: Output, k: Output, v: Output, g: Output, beta: Output, state: Output) -> tuple[Output, Output]:

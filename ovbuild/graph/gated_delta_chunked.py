@@ -90,8 +90,8 @@ def delta_rule_chunked(
     end_k = ops.multiply(kc, ops.transpose(to_end, i64([0, 1, 2, 4, 3])))  # [N, S, Hv, c, Dk]
     end_gate = ops.gather(gate, last, i64(3))  # [N, S, Hv, 1]
 
-    # State rows: those in the first chunk start from the input state and those at a sequence's last row end with
-    # it (cells past the end change nothing), so both are found after the loop; the loop keeps only the others
+    # State rows: the state after a sequence's last row is its final state (cells past the end change nothing), rows
+    # in the first chunk start from the input state: both are found after the loop; the loop keeps only the others
     # (none in the runtime's calls), in a buffer it carries, which costs a copy per chunk.
     rows = _state_rows(grid, size)
     tensors = {
@@ -108,8 +108,7 @@ def delta_rule_chunked(
     first = ops.gather(rows.sequence, rows.first, i64(0))  # [F]
     picked = [ops.gather(x, i64(0), i64(0)) for x in (gate, decay, kc, u)]  # chunk 0's: [S, Hv, ...]
     from_input = _states_after(state, *picked, first, ops.gather(rows.row, rows.first, i64(0)))  # [F, Hv, Dk, Dv]
-    at_end = ops.gather(final, ops.gather(rows.sequence, rows.last, i64(0)), i64(0))  # [E, Hv, Dk, Dv]
-    states = ops.gather(ops.concat([from_input, at_end, held], 0), rows.position, i64(0))  # [Q, Hv, Dk, Dv]
+    states = ops.gather(ops.concat([final, from_input, held], 0), rows.source, i64(0))  # [Q, Hv, Dk, Dv]
     outputs = ops.transpose(outputs, i64([1, 0, 3, 2, 4]))  # [S, N, c, Hv, Dv]
     outputs = ops.reshape(outputs, i64([0, -1, heads, dv]), True)  # [S, N c, Hv, Dv]
     return named(outputs, f"{at}/outputs"), named(states, f"{at}/states")
@@ -117,16 +116,15 @@ def delta_rule_chunked(
 
 @dataclass(frozen=True)
 class _StateRows:
-    """The state rows of a call by how their states are found: in the first chunk (F), the last row of their
-    sequence past the first chunk (E), the others (H: kept by the loop)."""
+    """The state rows of a call by how their states are found: at their sequence's last row (from the final state),
+    in the first chunk (F: from the input state), the others (H: kept by the loop)."""
 
     sequence: Output  # [Q] i64
     chunk: Output  # [Q] i64
     row: Output  # [Q] i64: the row within its chunk
     first: Output  # [F] i64: indices into the Q state rows
-    last: Output  # [E] i64
     held: Output  # [H] i64
-    position: Output  # [Q] i64: each state row's place in [first ; last ; held]
+    source: Output  # [Q] i64: each state row's place in [final states (S) ; first (F) ; held (H)]
 
 
 def _state_rows(grid: StepGrid, size: Output) -> _StateRows:
@@ -135,19 +133,27 @@ def _state_rows(grid: StepGrid, size: Output) -> _StateRows:
     lengths = ops.reduce_sum(ops.convert(grid.valid, ov.Type.i64), i64([1]), False)  # [S]
     ends = ops.equal(grid.state_step, ops.gather(ops.subtract(lengths, i64(1)), grid.state_sequence, i64(0)))
     in_first = ops.equal(chunk, i64(0))  # [Q]
-    later = ops.logical_not(in_first)
+    inside = ops.logical_not(ends)
 
     def where(mask: Output) -> Output:
         return ops.reshape(ops.non_zero(mask), i64([-1]), False).output(0)  # [M]
 
-    first, last = where(in_first), where(ops.logical_and(later, ends))
-    held = where(ops.logical_and(later, ops.logical_not(ends)))
-    order = ops.concat([first, last, held], 0)  # [Q]
-    count = ops.shape_of(order, ov.Type.i64)  # [1]
-    places = ops.range(i64(0), ops.squeeze(count, i64([0])), i64(1), ov.Type.i64)  # [Q]
-    position = ops.scatter_update(ops.broadcast(i64(0), count), order, places, i64(0))  # [Q]
+    def count(x: Output) -> Output:
+        return ops.gather(ops.shape_of(x, ov.Type.i64), i64(0), i64(0))  # []
+
+    last, first = where(ends), where(ops.logical_and(in_first, inside))
+    held = where(ops.logical_and(ops.logical_not(in_first), inside))
+    sequences = count(grid.valid)  # []: S
+    after_first = ops.add(sequences, count(first))  # []: S + F
+    places = [
+        ops.gather(grid.state_sequence, last, i64(0)),
+        ops.range(sequences, after_first, i64(1), ov.Type.i64),
+        ops.range(after_first, ops.add(after_first, count(held)), i64(1), ov.Type.i64),
+    ]
+    zeros = ops.broadcast(i64(0), ops.shape_of(grid.state_step, ov.Type.i64))  # [Q]
+    source = ops.scatter_update(zeros, ops.concat([last, first, held], 0), ops.concat(places, 0), i64(0))
     row = ops.floor_mod(grid.state_step, c)
-    return _StateRows(grid.state_sequence, chunk.output(0), row.output(0), first, last, held, position.output(0))
+    return _StateRows(grid.state_sequence, chunk.output(0), row.output(0), first, held, source.output(0))
 
 
 def _chunk_loop(
