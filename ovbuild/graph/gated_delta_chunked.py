@@ -1,10 +1,12 @@
 """The gated delta rule a chunk of rows at a time (docs/hybrid.md, "Chunked form"), all sequences batched.
 
-Everything that does not depend on the state entering a chunk is computed for all chunks at once with batched
-MatMuls: the decays, the inverse of the chunk's unit lower-triangular system and the products with it. What is left
-runs as one opset Loop over the chunks, three MatMuls per chunk. The states after the state rows are found after the
-loop when the row is in the first chunk or is its sequence's last row (all of the runtime's); the loop keeps the
-others.
+Each sequence's rows are cut into chunks of c; only chunks holding rows are computed (a call packing 5-row
+verifications with a 512-row prompt chunk does not pad the verifications to 512 rows). Everything that does not
+depend on the state entering a chunk is computed for all chunks at once with batched MatMuls: the decays, the
+inverse of the chunk's unit lower-triangular system and the products with it. What is left runs as one opset Loop
+over rounds: round j takes chunk j of every sequence that has one (sequences ordered by their number of chunks, so
+those are the first A_j), three MatMuls per round. The states after the state rows are found after the loop when the
+row is its sequence's last or in its first chunk (all of the runtime's); the loop keeps the others.
 
 Per sequence and value head, in a chunk of c rows with γ_t = Σ_{s≤t} g_s and D_ts = exp(γ_t − γ_s) (s ≤ t, else 0):
   T = (I + diag(β) strict_lower(D ⊙ K Kᵀ))⁻¹,  U = T (β ⊙ V),  W = T (β ⊙ exp(γ) ⊙ K)
@@ -51,6 +53,7 @@ def delta_rule_chunked(
     size = ops.minimum(grid.steps, i64([chunk]))  # [1]: c
     count = ops.divide(ops.add(grid.steps, ops.subtract(size, i64(1))), size)  # [1]: N = ceil(L / c)
     pad = ops.subtract(ops.multiply(count, size), grid.steps)  # [1]: N c - L
+    layout = _layout(grid, size, count)
 
     # cells past a sequence's end write nothing (β = 0) and do not decay (g = 0): its state stays as it was
     valid = ops.unsqueeze(grid.valid, i64([2]))  # [S, L, 1]
@@ -58,42 +61,43 @@ def delta_rule_chunked(
     beta = ops.select(valid, beta, const(0.0))
 
     def chunks(x: Output, width: int | None) -> Output:
-        """[S, L, Hv(, D)] -> [N, S, Hv, c(, D)], zero-padded to N c steps."""
+        """[S, L, Hv(, D)] -> [P, Hv, c(, D)]: the chunks of `layout`, zero-padded past step L."""
         tail = [] if width is None else [width]
         ends = ops.concat([i64([0]), pad, i64([0] * (1 + len(tail)))], 0)
         padded = ops.pad(x, i64([0] * (3 + len(tail))), ends, "constant")  # [S, N c, Hv(, D)]
         split = ops.reshape(padded, ops.concat([i64([0, -1]), size, i64([heads, *tail])], 0), True)
-        return ops.transpose(split, i64([1, 0, 3, 2, 4] if tail else [1, 0, 3, 2]))  # [N, S, c, Hv(, D)] -> above
+        picked = ops.gather_nd(split, layout.cells)  # [P, c, Hv(, D)]
+        return ops.transpose(picked, i64([0, 2, 1, 3] if tail else [0, 2, 1]))  # [P, Hv, c(, D)]
 
-    qc, kc, vc = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # [N, S, Hv, c, D]
-    gc, bc = chunks(g, None), chunks(beta, None)  # [N, S, Hv, c]
+    qc, kc, vc = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # [P, Hv, c, D]
+    gc, bc = chunks(g, None), chunks(beta, None)  # [P, Hv, c]
 
     causal, strict, rounds = _masks(chunk, size)
-    gamma = named(ops.cumsum(gc, i64(-1)), f"{at}/gamma")  # [N, S, Hv, c]: log decay since the chunk's start
-    diff = ops.subtract(ops.unsqueeze(gamma, i64([-1])), ops.unsqueeze(gamma, i64([-2])))  # [N, S, Hv, c, c]: t, s
+    gamma = named(ops.cumsum(gc, i64(-1)), f"{at}/gamma")  # [P, Hv, c]: log decay since the chunk's start
+    diff = ops.subtract(ops.unsqueeze(gamma, i64([-1])), ops.unsqueeze(gamma, i64([-2])))  # [P, Hv, c, c]: t, s
     # γ_t − γ_s > 0 above the diagonal: masked before exp, which would overflow there
     decay = ops.select(causal, ops.exp(ops.select(causal, diff, const(0.0))), const(0.0))
-    decay = named(decay, f"{at}/decay")  # [N, S, Hv, c, c]: D
-    kk = ops.multiply(ops.matmul(kc, kc, False, True), ops.select(strict, decay, const(0.0)))  # [N, S, Hv, c, c]
-    lower = ops.multiply(kk, ops.unsqueeze(bc, i64([-1])))  # [N, S, Hv, c, c]: the system is I + lower
-    inverse = named(_unit_lower_inverse(lower, rounds), f"{at}/inverse")  # [N, S, Hv, c, c]: T
-    gate = ops.exp(gamma)  # [N, S, Hv, c]
+    decay = named(decay, f"{at}/decay")  # [P, Hv, c, c]: D
+    kk = ops.multiply(ops.matmul(kc, kc, False, True), ops.select(strict, decay, const(0.0)))  # [P, Hv, c, c]
+    lower = ops.multiply(kk, ops.unsqueeze(bc, i64([-1])))  # [P, Hv, c, c]: the system is I + lower
+    inverse = named(_unit_lower_inverse(lower, rounds), f"{at}/inverse")  # [P, Hv, c, c]: T
+    gate = ops.exp(gamma)  # [P, Hv, c]
     writes = named(ops.matmul(inverse, ops.multiply(vc, ops.unsqueeze(bc, i64([-1]))), False, False), f"{at}/U")
-    scaled_k = ops.multiply(kc, ops.unsqueeze(ops.multiply(bc, gate), i64([-1])))  # [N, S, Hv, c, Dk]
-    recall = named(ops.matmul(inverse, scaled_k, False, False), f"{at}/W")  # [N, S, Hv, c, Dk]
-    gated_q = ops.multiply(qc, ops.unsqueeze(gate, i64([-1])))  # [N, S, Hv, c, Dk]
+    scaled_k = ops.multiply(kc, ops.unsqueeze(ops.multiply(bc, gate), i64([-1])))  # [P, Hv, c, Dk]
+    recall = named(ops.matmul(inverse, scaled_k, False, False), f"{at}/W")  # [P, Hv, c, Dk]
+    gated_q = ops.multiply(qc, ops.unsqueeze(gate, i64([-1])))  # [P, Hv, c, Dk]
     # both read the state entering the chunk: one MatMul against it in the loop
-    reads = named(ops.concat([recall, gated_q], 3), f"{at}/reads")  # [N, S, Hv, 2c, Dk]
-    qk = named(ops.multiply(ops.matmul(qc, kc, False, True), decay), f"{at}/qk")  # [N, S, Hv, c, c]
+    reads = named(ops.concat([recall, gated_q], 2), f"{at}/reads")  # [P, Hv, 2c, Dk]
+    qk = named(ops.multiply(ops.matmul(qc, kc, False, True), decay), f"{at}/qk")  # [P, Hv, c, c]
     last = ops.subtract(size, i64(1))  # [1]
-    to_end = ops.gather(decay, last, i64(3))  # [N, S, Hv, 1, c]: D from each row to the chunk's last
-    end_k = ops.multiply(kc, ops.transpose(to_end, i64([0, 1, 2, 4, 3])))  # [N, S, Hv, c, Dk]
-    end_gate = ops.gather(gate, last, i64(3))  # [N, S, Hv, 1]
+    to_end = ops.gather(decay, last, i64(2))  # [P, Hv, 1, c]: D from each row to the chunk's last
+    end_k = ops.multiply(kc, ops.transpose(to_end, i64([0, 1, 3, 2])))  # [P, Hv, c, Dk]
+    end_gate = ops.gather(gate, last, i64(2))  # [P, Hv, 1]
 
     # State rows: the state after a sequence's last row is its final state (cells past the end change nothing), rows
     # in the first chunk start from the input state: both are found after the loop; the loop keeps only the others
-    # (none in the runtime's calls), in a buffer it carries, which costs a copy per chunk.
-    rows = _state_rows(grid, size)
+    # (none in the runtime's calls), in a buffer it carries, which costs a copy per round.
+    rows = _state_rows(grid, size, layout)
     tensors = {
         "writes": (writes, [-1, heads, -1, dv]),
         "reads": (reads, [-1, heads, -1, dk]),
@@ -104,14 +108,51 @@ def delta_rule_chunked(
         "k": (kc, [-1, heads, -1, dk]),
         "gate": (gate, [-1, heads, -1]),
     }
-    outputs, final, u, held = _chunk_loop(tensors, state, count, rows, at)
-    first = ops.gather(rows.sequence, rows.first, i64(0))  # [F]
-    picked = [ops.gather(x, i64(0), i64(0)) for x in (gate, decay, kc, u)]  # chunk 0's: [S, Hv, ...]
-    from_input = _states_after(state, *picked, first, ops.gather(rows.row, rows.first, i64(0)))  # [F, Hv, Dk, Dv]
+    ranked = ops.gather(state, layout.order, i64(0)).output(0)  # [S, Hv, Dk, Dv]: in rank order
+    outputs, final, u, held = _round_loop(tensors, ranked, count, layout, rows, at)
+    final = ops.gather(final, layout.rank, i64(0))  # [S, Hv, Dk, Dv]: back in sequence order
+    # the first round's chunks are the first A_0 of the P, in rank order
+    first = ops.gather(rows.rank, rows.first, i64(0))  # [F]
+    start = ops.gather(state, ops.gather(grid.state_sequence, rows.first, i64(0)), i64(0))  # [F, Hv, Dk, Dv]
+    u0 = ops.gather(u, i64(0), i64(0))  # [S, Hv, c, Dv]
+    from_input = _states_after(start, gate, decay, kc, u0, first, ops.gather(rows.row, rows.first, i64(0)))
     states = ops.gather(ops.concat([final, from_input, held], 0), rows.source, i64(0))  # [Q, Hv, Dk, Dv]
+    outputs = ops.gather(outputs, layout.rank, i64(1))  # [N, S, Hv, c, Dv]: back in sequence order
     outputs = ops.transpose(outputs, i64([1, 0, 3, 2, 4]))  # [S, N, c, Hv, Dv]
     outputs = ops.reshape(outputs, i64([0, -1, heads, dv]), True)  # [S, N c, Hv, Dv]
     return named(outputs, f"{at}/outputs"), named(states, f"{at}/states")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which chunks a call computes: sequences ranked by their number of chunks (most first), round j holds chunk j
+    of ranks 0 .. A_j - 1, and the P chunks are listed round after round."""
+
+    order: Output  # [S] i64: the sequence at each rank
+    rank: Output  # [S] i64: each sequence's rank
+    active: Output  # [N] i64: A_j
+    offset: Output  # [N] i64: where round j starts among the P chunks
+    cells: Output  # [P, 2] i64: (sequence, chunk) of each
+
+
+def _layout(grid: StepGrid, size: Output, count: Output) -> _Layout:
+    lengths = ops.reduce_sum(ops.convert(grid.valid, ov.Type.i64), i64([1]), False)  # [S]
+    chunks = ops.divide(ops.add(lengths, ops.subtract(size, i64(1))), size)  # [S]: ⌈length / c⌉
+    sequences = ops.shape_of(lengths, ov.Type.i64)  # [1]: S
+    order = ops.topk(chunks, ops.squeeze(sequences, i64([0])), 0, "max", "value", ov.Type.i64).output(1)  # [S]
+    ranks = ops.range(i64(0), ops.squeeze(sequences, i64([0])), i64(1), ov.Type.i64)  # [S]
+    rank = ops.scatter_update(ops.broadcast(i64(0), sequences), order, ranks, i64(0))  # [S]
+    rounds = ops.range(i64(0), ops.squeeze(count, i64([0])), i64(1), ov.Type.i64)  # [N]
+    taking = ops.greater(ops.unsqueeze(ops.gather(chunks, order, i64(0)), i64([0])), ops.unsqueeze(rounds, i64([1])))
+    active = ops.reduce_sum(ops.convert(taking, ov.Type.i64), i64([1]), False)  # [N]: A_j
+    offset = ops.cumsum(active, i64(0), exclusive=True)  # [N]
+    # taking is [N, S], true on each row's first A_j ranks: its true cells in row-major order are the P chunks
+    where = ops.transpose(ops.non_zero(taking, ov.Type.i64), i64([1, 0]))  # [P, 2]: (round, rank)
+    round_, rank_of = (ops.squeeze(x, i64([1])) for x in ops.split(where, i64(1), 2).outputs())  # [P]
+    cells = ops.concat(
+        [ops.unsqueeze(ops.gather(order, rank_of, i64(0)), i64([1])), ops.unsqueeze(round_, i64([1]))], 1
+    )
+    return _Layout(*(first_output(x) for x in (order, rank, active, offset, cells)))
 
 
 @dataclass(frozen=True)
@@ -119,7 +160,7 @@ class _StateRows:
     """The state rows of a call by how their states are found: at their sequence's last row (from the final state),
     in the first chunk (F: from the input state), the others (H: kept by the loop)."""
 
-    sequence: Output  # [Q] i64
+    rank: Output  # [Q] i64: the rank of each state row's sequence
     chunk: Output  # [Q] i64
     row: Output  # [Q] i64: the row within its chunk
     first: Output  # [F] i64: indices into the Q state rows
@@ -127,7 +168,7 @@ class _StateRows:
     source: Output  # [Q] i64: each state row's place in [final states (S) ; first (F) ; held (H)]
 
 
-def _state_rows(grid: StepGrid, size: Output) -> _StateRows:
+def _state_rows(grid: StepGrid, size: Output, layout: _Layout) -> _StateRows:
     c = ops.squeeze(size, i64([0]))  # []
     chunk = ops.divide(grid.state_step, c)  # [Q]
     lengths = ops.reduce_sum(ops.convert(grid.valid, ov.Type.i64), i64([1]), False)  # [S]
@@ -153,51 +194,72 @@ def _state_rows(grid: StepGrid, size: Output) -> _StateRows:
     zeros = ops.broadcast(i64(0), ops.shape_of(grid.state_step, ov.Type.i64))  # [Q]
     source = ops.scatter_update(zeros, ops.concat([last, first, held], 0), ops.concat(places, 0), i64(0))
     row = ops.floor_mod(grid.state_step, c)
-    return _StateRows(grid.state_sequence, chunk.output(0), row.output(0), first, held, source.output(0))
+    rank = ops.gather(layout.rank, grid.state_sequence, i64(0))  # [Q]
+    return _StateRows(rank.output(0), chunk.output(0), row.output(0), first, held, source.output(0))
 
 
-def _chunk_loop(
-    tensors: dict[str, tuple[Output, list[int]]], state: Output, count: Output, rows: _StateRows, at: str
+def _round_loop(
+    tensors: dict[str, tuple[Output, list[int]]],
+    state: Output,
+    count: Output,
+    layout: _Layout,
+    rows: _StateRows,
+    at: str,
 ) -> tuple[Output, Output, Output, Output]:
-    """One Loop iteration per chunk over the per-chunk tensors [N, S, Hv, ...]: the outputs [N, S, Hv, c, Dv], the
-    final state [S, Hv, Dk, Dv], the writes u [N, S, Hv, c, Dv] and the states after the held rows [H, Hv, Dk, Dv]."""
+    """One Loop iteration per round over the chunk tensors [P, Hv, ...] from the states in rank order: the outputs
+    [N, S, Hv, c, Dv] and writes u [N, S, Hv, c, Dv] (rank order; zero past A_j), the final states [S, Hv, Dk, Dv]
+    (rank order) and the states after the held rows [H, Hv, Dk, Dv]."""
     shape = state.get_partial_shape()
     heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
-    body_in = {name: ops.parameter([1, *dims], ov.Type.f32, name=name) for name, (_, dims) in tensors.items()}
-    x = {name: ops.squeeze(p, i64([0])) for name, p in body_in.items()}  # one chunk: [S, Hv, ...]
+    body_in = {name: ops.parameter([-1, *dims[1:]], ov.Type.f32, name=name) for name, (_, dims) in tensors.items()}
     carried = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="state")
     held = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="held")
     iteration = ops.parameter([], ov.Type.i64, name="iteration")
-    held_sequence = ops.parameter([-1], ov.Type.i64, name="held_sequence")
-    held_chunk = ops.parameter([-1], ov.Type.i64, name="held_chunk")
-    held_row = ops.parameter([-1], ov.Type.i64, name="held_row")
+    small = {name: ops.parameter([-1], ov.Type.i64, name=name) for name in ("active", "offset", "rank", "chunk", "row")}
 
-    recalled, read = ops.split(ops.matmul(x["reads"], carried, False, False), i64(2), 2).outputs()  # [S, Hv, c, Dv]
-    u = ops.subtract(x["writes"], recalled)  # [S, Hv, c, Dv]
-    out = ops.add(read, ops.matmul(x["qk"], u, False, False))  # [S, Hv, c, Dv]
-    end = ops.multiply(carried, ops.unsqueeze(x["end_gate"], i64([-1])))  # [S, Hv, Dk, Dv]
-    end = ops.add(end, ops.matmul(x["end_k"], u, True, False))  # [S, Hv, Dk, Dv]
-    here = ops.reshape(ops.non_zero(ops.equal(held_chunk, iteration)), i64([-1]), False)  # [M]
-    sequence, row = (ops.gather(x, here, i64(0)) for x in (held_sequence, held_row))  # [M]
-    states = _states_after(carried, x["gate"], x["decay"], x["k"], u, sequence, row)  # [M, Hv, Dk, Dv]
+    taken = ops.gather(small["active"], ops.unsqueeze(iteration, i64([0])), i64(0))  # [1]: A_j
+    begin = ops.gather(small["offset"], ops.unsqueeze(iteration, i64([0])), i64(0))  # [1]
+    x = {
+        name: ops.slice(p, begin, ops.add(begin, taken), i64([1]), i64([0])) for name, p in body_in.items()
+    }  # round j's chunks: [A_j, Hv, ...]
+    sequences = ops.gather(ops.shape_of(carried, ov.Type.i64), i64([0]), i64(0))  # [1]: S
+    now = ops.slice(carried, i64([0]), taken, i64([1]), i64([0]))  # [A_j, Hv, Dk, Dv]
+    later = ops.slice(carried, taken, sequences, i64([1]), i64([0]))  # [S - A_j, Hv, Dk, Dv]
+    recalled, read = ops.split(ops.matmul(x["reads"], now, False, False), i64(2), 2).outputs()  # [A_j, Hv, c, Dv]
+    u = ops.subtract(x["writes"], recalled)  # [A_j, Hv, c, Dv]
+    out = ops.add(read, ops.matmul(x["qk"], u, False, False))  # [A_j, Hv, c, Dv]
+    end = ops.multiply(now, ops.unsqueeze(x["end_gate"], i64([-1])))  # [A_j, Hv, Dk, Dv]
+    end = ops.add(end, ops.matmul(x["end_k"], u, True, False))  # [A_j, Hv, Dk, Dv]
+    carried_new = ops.concat([end, later], 0)  # [S, Hv, Dk, Dv]
+    here = ops.reshape(ops.non_zero(ops.equal(small["chunk"], iteration)), i64([-1]), False)  # [M]
+    rank, row = (ops.gather(small[n], here, i64(0)) for n in ("rank", "row"))  # [M]
+    start = ops.gather(carried, rank, i64(0))  # [M, Hv, Dk, Dv]
+    states = _states_after(start, x["gate"], x["decay"], x["k"], u, rank, row)  # [M, Hv, Dk, Dv]
     held_new = ops.scatter_update(held, here, states, i64(0))  # [H, Hv, Dk, Dv]
 
+    def padded(y: Output) -> Output:
+        """[A_j, Hv, c, Dv] -> [1, S, Hv, c, Dv], zeros past A_j."""
+        ends = ops.concat([ops.subtract(sequences, taken), i64([0, 0, 0])], 0)
+        return ops.unsqueeze(ops.pad(y, i64([0, 0, 0, 0]), ends, "constant"), i64([0]))
+
     go_on = ops.constant(np.bool_(True))
-    params = [*body_in.values(), carried, held, iteration, held_sequence, held_chunk, held_row]
-    results = [ops.result(go_on), ops.result(end), ops.result(held_new)]
-    results += [ops.result(ops.unsqueeze(y, i64([0]))) for y in (out, u)]  # [1, S, Hv, c, Dv]
+    params = [*body_in.values(), carried, held, iteration, *small.values()]
+    results = [ops.result(go_on), ops.result(carried_new), ops.result(held_new)]
+    results += [ops.result(padded(y)) for y in (out, u)]
     node = Loop(ops.squeeze(count, i64([0])).output(0), ops.constant(np.bool_(True)).output(0))
-    node.set_function(ov.Model(results, params, f"{at}/chunk"))
+    node.set_function(ov.Model(results, params, f"{at}/round"))
     node.set_special_body_ports([params.index(iteration), 0])
     for name, (value, _) in tensors.items():
-        node.set_sliced_input(body_in[name], first_output(value), 0, 1, 1, -1, 0)
+        node.set_invariant_input(body_in[name], first_output(value))
     node.set_merged_input(carried, first_output(state), results[1].output(0))
     zeros = ops.broadcast(
         const(0.0), ops.concat([ops.shape_of(rows.held, ov.Type.i64), i64([heads, dk, dv])], 0)
     )  # [H, Hv, Dk, Dv]
     node.set_merged_input(held, zeros.output(0), results[2].output(0))
-    for param, index in ((held_sequence, rows.sequence), (held_chunk, rows.chunk), (held_row, rows.row)):
-        node.set_invariant_input(param, ops.gather(index, rows.held, i64(0)).output(0))
+    for name, index in (("active", layout.active), ("offset", layout.offset)):
+        node.set_invariant_input(small[name], first_output(index))
+    for name, index in (("rank", rows.rank), ("chunk", rows.chunk), ("row", rows.row)):
+        node.set_invariant_input(small[name], ops.gather(index, rows.held, i64(0)).output(0))
     node.set_friendly_name(at)
     outputs, u_all = (node.get_concatenated_slices(r.output(0), 0, 1, 1, -1, 0) for r in results[3:])
     final, held_out = (node.get_iter_value(r.output(0), -1) for r in results[1:3])
@@ -205,18 +267,17 @@ def _chunk_loop(
 
 
 def _states_after(
-    start: Output, gate: Output, decay: Output, k: Output, u: Output, sequence: Output, row: Output
+    start: Output, gate: Output, decay: Output, k: Output, u: Output, chunk: Output, row: Output
 ) -> Output:
-    """The states after M rows of one chunk, exp(γ_t) S₀ + Σ_s D_ts k_s ⊗ u_s, from that chunk's tensors for all
-    sequences (start [S, Hv, Dk, Dv], gate [S, Hv, c], decay [S, Hv, c, c], k [S, Hv, c, Dk], u [S, Hv, c, Dv]) and
-    each row's sequence and row within the chunk ([M]). Returns [M, Hv, Dk, Dv]."""
-    cells = ops.concat([ops.unsqueeze(sequence, i64([1])), ops.unsqueeze(row, i64([1]))], 1)  # [M, 2]
+    """The states after M rows, exp(γ_t) S₀ + Σ_s D_ts k_s ⊗ u_s, from the states entering their chunks
+    (start [M, Hv, Dk, Dv]), chunk tensors (gate [P, Hv, c], decay [P, Hv, c, c], k [P, Hv, c, Dk], u [P, Hv, c, Dv])
+    and each row's chunk among those and row within it ([M]). Returns [M, Hv, Dk, Dv]."""
+    cells = ops.concat([ops.unsqueeze(chunk, i64([1])), ops.unsqueeze(row, i64([1]))], 1)  # [M, 2]
     weights = ops.gather_nd(ops.transpose(decay, i64([0, 2, 1, 3])), cells)  # [M, Hv, c]: D_ts of row t
     row_gate = ops.gather_nd(ops.transpose(gate, i64([0, 2, 1])), cells)  # [M, Hv]: exp(γ_t)
-    keys = ops.multiply(ops.gather(k, sequence, i64(0)), ops.unsqueeze(weights, i64([-1])))  # [M, Hv, c, Dk]
-    states = ops.matmul(keys, ops.gather(u, sequence, i64(0)), True, False)  # [M, Hv, Dk, Dv]
-    begin = ops.multiply(ops.gather(start, sequence, i64(0)), ops.unsqueeze(row_gate, i64([2, 3])))
-    return ops.add(states, begin).output(0)
+    keys = ops.multiply(ops.gather(k, chunk, i64(0)), ops.unsqueeze(weights, i64([-1])))  # [M, Hv, c, Dk]
+    states = ops.matmul(keys, ops.gather(u, chunk, i64(0)), True, False)  # [M, Hv, Dk, Dv]
+    return ops.add(states, ops.multiply(start, ops.unsqueeze(row_gate, i64([2, 3])))).output(0)
 
 
 def _masks(chunk: int, size: Output) -> tuple[Output, Output, list[Output]]:
