@@ -86,31 +86,29 @@ def delta_rule_chunked(
     scaled_k = ops.multiply(kc, ops.unsqueeze(ops.multiply(bc, gate), i64([-1])))  # [P, Hv, c, Dk]
     recall = named(ops.matmul(inverse, scaled_k, False, False), f"{at}/W")  # [P, Hv, c, Dk]
     gated_q = ops.multiply(qc, ops.unsqueeze(gate, i64([-1])))  # [P, Hv, c, Dk]
-    # both read the state entering the chunk: one MatMul against it in the loop
-    reads = named(ops.concat([recall, gated_q], 2), f"{at}/reads")  # [P, Hv, 2c, Dk]
     qk = named(ops.multiply(ops.matmul(qc, kc, False, True), decay), f"{at}/qk")  # [P, Hv, c, c]
     last = ops.subtract(size, i64(1))  # [1]
     to_end = ops.gather(decay, last, i64(2))  # [P, Hv, 1, c]: D from each row to the chunk's last
     end_k = ops.multiply(kc, ops.transpose(to_end, i64([0, 1, 3, 2])))  # [P, Hv, c, Dk]
     end_gate = ops.gather(gate, last, i64(2))  # [P, Hv, 1]
+    # the two read against the state entering the chunk in one MatMul, and end_k: one gather a round for the three
+    reads = named(ops.concat([recall, gated_q, end_k], 2), f"{at}/reads")  # [P, Hv, 3c, Dk]
 
     # State rows: the state after a sequence's last row is its final state (cells past the end change nothing), rows
     # in the first chunk start from the input state: both are found after the loop; the loop keeps only the others
     # (none in the runtime's calls), in a buffer it carries, which costs a copy per round.
     rows = _state_rows(grid, size, layout)
     tensors = {
-        "writes": (writes, [-1, heads, -1, dv]),
-        "reads": (reads, [-1, heads, -1, dk]),
-        "qk": (qk, [-1, heads, -1, -1]),
-        "end_k": (end_k, [-1, heads, -1, dk]),
-        "end_gate": (end_gate, [-1, heads, 1]),
-        "decay": (decay, [-1, heads, -1, -1]),
-        "k": (kc, [-1, heads, -1, dk]),
-        "gate": (gate, [-1, heads, -1]),
+        "reads": reads,
+        "writes": writes,
+        "qk": qk,
+        "end_gate": end_gate,
+        "gate": gate,
+        "decay": decay,
+        "k": kc,
     }
     ranked = ops.gather(state, layout.order, i64(0)).output(0)  # [S, Hv, Dk, Dv]: in rank order
     outputs, final, u, held = _round_loop(tensors, ranked, count, layout, rows, at)
-    final = ops.gather(final, layout.rank, i64(0))  # [S, Hv, Dk, Dv]: back in sequence order
     # the first round's chunks are the first A_0 of the P, in rank order
     first = ops.gather(rows.rank, rows.first, i64(0))  # [F]
     start = ops.gather(state, ops.gather(grid.state_sequence, rows.first, i64(0)), i64(0))  # [F, Hv, Dk, Dv]
@@ -165,7 +163,7 @@ class _StateRows:
     row: Output  # [Q] i64: the row within its chunk
     first: Output  # [F] i64: indices into the Q state rows
     held: Output  # [H] i64
-    source: Output  # [Q] i64: each state row's place in [final states (S) ; first (F) ; held (H)]
+    source: Output  # [Q] i64: each state row's place in [final states (S, rank order) ; first (F) ; held (H)]
 
 
 def _state_rows(grid: StepGrid, size: Output, layout: _Layout) -> _StateRows:
@@ -186,32 +184,30 @@ def _state_rows(grid: StepGrid, size: Output, layout: _Layout) -> _StateRows:
     held = where(ops.logical_and(ops.logical_not(in_first), inside))
     sequences = count(grid.valid)  # []: S
     after_first = ops.add(sequences, count(first))  # []: S + F
+    rank = ops.gather(layout.rank, grid.state_sequence, i64(0))  # [Q]
     places = [
-        ops.gather(grid.state_sequence, last, i64(0)),
+        ops.gather(rank, last, i64(0)),
         ops.range(sequences, after_first, i64(1), ov.Type.i64),
         ops.range(after_first, ops.add(after_first, count(held)), i64(1), ov.Type.i64),
     ]
     zeros = ops.broadcast(i64(0), ops.shape_of(grid.state_step, ov.Type.i64))  # [Q]
     source = ops.scatter_update(zeros, ops.concat([last, first, held], 0), ops.concat(places, 0), i64(0))
     row = ops.floor_mod(grid.state_step, c)
-    rank = ops.gather(layout.rank, grid.state_sequence, i64(0))  # [Q]
     return _StateRows(rank.output(0), chunk.output(0), row.output(0), first, held, source.output(0))
 
 
 def _round_loop(
-    tensors: dict[str, tuple[Output, list[int]]],
-    state: Output,
-    count: Output,
-    layout: _Layout,
-    rows: _StateRows,
-    at: str,
+    tensors: dict[str, Output], state: Output, count: Output, layout: _Layout, rows: _StateRows, at: str
 ) -> tuple[Output, Output, Output, Output]:
     """One Loop iteration per round over the chunk tensors [P, Hv, ...] from the states in rank order: the outputs
     [N, S, Hv, c, Dv] and writes u [N, S, Hv, c, Dv] (rank order; zero past A_j), the final states [S, Hv, Dk, Dv]
     (rank order) and the states after the held rows [H, Hv, Dk, Dv]."""
     shape = state.get_partial_shape()
     heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
-    body_in = {name: ops.parameter([-1, *dims[1:]], ov.Type.f32, name=name) for name, (_, dims) in tensors.items()}
+    body_in = {
+        name: ops.parameter(first_output(value).get_partial_shape(), ov.Type.f32, name=name)
+        for name, value in tensors.items()
+    }
     carried = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="state")
     held = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="held")
     iteration = ops.parameter([], ov.Type.i64, name="iteration")
@@ -219,28 +215,39 @@ def _round_loop(
 
     taken = ops.gather(small["active"], ops.unsqueeze(iteration, i64([0])), i64(0))  # [1]: A_j
     begin = ops.gather(small["offset"], ops.unsqueeze(iteration, i64([0])), i64(0))  # [1]
-    x = {
-        name: ops.slice(p, begin, ops.add(begin, taken), i64([1]), i64([0])) for name, p in body_in.items()
-    }  # round j's chunks: [A_j, Hv, ...]
-    sequences = ops.gather(ops.shape_of(carried, ov.Type.i64), i64([0]), i64(0))  # [1]: S
-    now = ops.slice(carried, i64([0]), taken, i64([1]), i64([0]))  # [A_j, Hv, Dk, Dv]
-    later = ops.slice(carried, taken, sequences, i64([1]), i64([0]))  # [S - A_j, Hv, Dk, Dv]
-    recalled, read = ops.split(ops.matmul(x["reads"], now, False, False), i64(2), 2).outputs()  # [A_j, Hv, c, Dv]
+    picked = ops.range(ops.squeeze(begin, i64([0])), ops.squeeze(ops.add(begin, taken), i64([0])), i64(1), ov.Type.i64)
+    # round j's chunks, [A_j, Hv, ...]; the held rows' tensors are gathered for those rows only
+    x = {name: ops.gather(body_in[name], picked, i64(0)) for name in ("reads", "writes", "qk", "end_gate")}
+    size = ops.gather(ops.shape_of(x["qk"], ov.Type.i64), i64([3]), i64(0))  # [1]: c
+    reads, end_k = ops.variadic_split(x["reads"], i64(2), ops.concat([ops.multiply(size, i64(2)), size], 0)).outputs()
+    now, later = ops.variadic_split(carried, i64(0), ops.concat([taken, i64([-1])], 0)).outputs()  # A_j, S - A_j
+    recalled, read = ops.split(ops.matmul(reads, now, False, False), i64(2), 2).outputs()  # [A_j, Hv, c, Dv]
     u = ops.subtract(x["writes"], recalled)  # [A_j, Hv, c, Dv]
     out = ops.add(read, ops.matmul(x["qk"], u, False, False))  # [A_j, Hv, c, Dv]
     end = ops.multiply(now, ops.unsqueeze(x["end_gate"], i64([-1])))  # [A_j, Hv, Dk, Dv]
-    end = ops.add(end, ops.matmul(x["end_k"], u, True, False))  # [A_j, Hv, Dk, Dv]
+    end = ops.add(end, ops.matmul(end_k, u, True, False))  # [A_j, Hv, Dk, Dv]
     carried_new = ops.concat([end, later], 0)  # [S, Hv, Dk, Dv]
+
     here = ops.reshape(ops.non_zero(ops.equal(small["chunk"], iteration)), i64([-1]), False)  # [M]
     rank, row = (ops.gather(small[n], here, i64(0)) for n in ("rank", "row"))  # [M]
+    chunk = ops.add(begin, rank)  # [M]: among the P chunks
     start = ops.gather(carried, rank, i64(0))  # [M, Hv, Dk, Dv]
-    states = _states_after(start, x["gate"], x["decay"], x["k"], u, rank, row)  # [M, Hv, Dk, Dv]
+    picks = [ops.gather(body_in[n], chunk, i64(0)) for n in ("gate", "decay", "k")]  # [M, Hv, ...]
+    states = _states_after(
+        start,
+        *picks,
+        ops.gather(u, rank, i64(0)),
+        ops.range(i64(0), ops.gather(ops.shape_of(here, ov.Type.i64), i64(0), i64(0)), i64(1), ov.Type.i64),
+        row,
+    )
     held_new = ops.scatter_update(held, here, states, i64(0))  # [H, Hv, Dk, Dv]
+
+    sequences = ops.gather(ops.shape_of(carried, ov.Type.i64), i64([0]), i64(0))  # [1]: S
 
     def padded(y: Output) -> Output:
         """[A_j, Hv, c, Dv] -> [1, S, Hv, c, Dv], zeros past A_j."""
-        ends = ops.concat([ops.subtract(sequences, taken), i64([0, 0, 0])], 0)
-        return ops.unsqueeze(ops.pad(y, i64([0, 0, 0, 0]), ends, "constant"), i64([0]))
+        rest = ops.concat([ops.subtract(sequences, taken), i64([heads]), size, i64([dv])], 0)  # [4]
+        return ops.unsqueeze(ops.concat([y, ops.broadcast(const(0.0), rest)], 0), i64([0]))
 
     go_on = ops.constant(np.bool_(True))
     params = [*body_in.values(), carried, held, iteration, *small.values()]
@@ -249,7 +256,7 @@ def _round_loop(
     node = Loop(ops.squeeze(count, i64([0])).output(0), ops.constant(np.bool_(True)).output(0))
     node.set_function(ov.Model(results, params, f"{at}/round"))
     node.set_special_body_ports([params.index(iteration), 0])
-    for name, (value, _) in tensors.items():
+    for name, value in tensors.items():
         node.set_invariant_input(body_in[name], first_output(value))
     node.set_merged_input(carried, first_output(state), results[1].output(0))
     zeros = ops.broadcast(
