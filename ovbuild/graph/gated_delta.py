@@ -61,8 +61,7 @@ def gated_delta_net(
     dt_bias = ctx.weights.get(f"{p}.dt_bias", (nv,)).to_f32()
     g = ops.multiply(ops.softplus(ops.add(a, const(dt_bias))), const(-rate))  # [T, Hv]: log decay of each row
     g = ops.gather(g, grid.cells, i64(0))  # [S, L, Hv]
-    out, state_out = delta_rule_chunked(q, k, v, g, beta, recurrent_state, grid, at)
-    out = ops.gather_nd(out, grid.row_cells)  # [T, Hv, Dv]
+    out, state_out = delta_rule_chunked(q, k, v, g, beta, recurrent_state, grid, at)  # [T, Hv, Dv], [Q, …]
     norm_w = ctx.weights.get(f"{p}.norm", (dv,)).to_f32()
     normed = rms_norm(out, const(norm_w), cfg.rms_norm_eps, f"{at}/norm")
     gated = ops.multiply(normed, ops.swish(ops.reshape(z, i64([0, nv, dv]), True)))  # [T, Hv, Dv]
@@ -117,8 +116,8 @@ def delta_rule_loop(
 ) -> tuple[Output, Output]:
     """The gated delta rule, one grid step per Loop iteration, all sequences at once (the chunked form's baseline).
 
-    q, k [S, L, Hv, Dk], v [S, L, Hv, Dv], g, beta [S, L, Hv], state [S, Hv, Dk, Dv]. Returns the outputs
-    [S, L, Hv, Dv] and the states after each state row [Q, Hv, Dk, Dv].
+    q, k [S, L, Hv, Dk], v [S, L, Hv, Dv], g, beta [S, L, Hv], state [S, Hv, Dk, Dv]. Returns the outputs of the
+    packed rows [T, Hv, Dv] and the states after each state row [Q, Hv, Dk, Dv].
     """
     shape = state.get_partial_shape()
     heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
@@ -158,4 +157,4 @@ def delta_rule_loop(
     outputs = node.get_concatenated_slices(results[3].output(0), 0, 1, 1, -1, 1)  # [S, L, Hv, Dv]
     final_kept = node.get_iter_value(results[2].output(0), -1)
     node.set_friendly_name(f"{at}/delta_rule")
-    return outputs, final_kept
+    return ops.gather_nd(outputs, grid.row_cells).output(0), final_kept  # [T, Hv, Dv]

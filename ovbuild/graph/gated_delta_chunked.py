@@ -3,9 +3,10 @@
 Each sequence's rows are cut into chunks of c; only chunks holding rows are computed (a call packing 5-row
 verifications with a 512-row prompt chunk does not pad the verifications to 512 rows). Everything that does not
 depend on the state entering a chunk is computed for all chunks at once with batched MatMuls: the decays, the
-inverse of the chunk's unit lower-triangular system and the products with it. What is left runs as one opset Loop
-over rounds: round j takes chunk j of every sequence that has one (sequences ordered by their number of chunks, so
-those are the first A_j), three MatMuls per round. The states after the state rows are found after the loop when the
+inverse of the chunk's unit lower-triangular system and the products with it. Every sequence's first chunk then
+starts from its input state and runs without a loop (decode and verification calls have no other); later chunks run
+as one opset Loop over rounds: round j takes chunk j of every sequence that has one, sequences ranked by their
+number of chunks so that those are the first A_j. The states after the state rows are found after the loop when the
 row is its sequence's last or in its first chunk (all of the runtime's); the loop keeps the others.
 
 Per sequence and value head, in a chunk of c rows with γ_t = Σ_{s≤t} g_s and D_ts = exp(γ_t − γ_s) (s ≤ t, else 0):
@@ -26,6 +27,9 @@ from ovbuild.graph.ops import Output, const, first_output, i64, named
 from ovbuild.graph.step_grid import StepGrid
 
 CHUNK = 32  # rows per chunk: the fastest of 16, 32, 64 at prefill 1 x 512 (bench/bench_hybrid.py --chunks 16,32,64)
+# the chunk tensors the rounds read, and those only the state rows read
+_ROUND = ("reads", "writes", "qk", "end_gate")
+_ROWS = ("gate", "decay", "k")
 
 
 def delta_rule_chunked(
@@ -41,8 +45,8 @@ def delta_rule_chunked(
 ) -> tuple[Output, Output]:
     """The gated delta rule in chunks of min(chunk, L) rows; arguments and results as `delta_rule_loop`'s.
 
-    q, k [S, L, Hv, Dk], v [S, L, Hv, Dv], g, beta [S, L, Hv], state [S, Hv, Dk, Dv]. Returns the outputs
-    [S, L', Hv, Dv] (L' ≥ L: steps past L are padding) and the states after each state row [Q, Hv, Dk, Dv].
+    q, k [S, L, Hv, Dk], v [S, L, Hv, Dv], g, beta [S, L, Hv], state [S, Hv, Dk, Dv]. Returns the outputs of the
+    packed rows [T, Hv, Dv] and the states after each state row [Q, Hv, Dk, Dv].
     """
     if chunk < 1 or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two, got {chunk}")
@@ -91,45 +95,50 @@ def delta_rule_chunked(
     to_end = ops.gather(decay, last, i64(2))  # [P, Hv, 1, c]: D from each row to the chunk's last
     end_k = ops.multiply(kc, ops.transpose(to_end, i64([0, 1, 3, 2])))  # [P, Hv, c, Dk]
     end_gate = ops.gather(gate, last, i64(2))  # [P, Hv, 1]
-    # the two read against the state entering the chunk in one MatMul, and end_k: one gather a round for the three
+    # W and exp(γ) ⊙ Q are read against the state entering the chunk in one MatMul; end_k rides along, so that a
+    # round gathers one tensor for the three
     reads = named(ops.concat([recall, gated_q, end_k], 2), f"{at}/reads")  # [P, Hv, 3c, Dk]
+    tensors = {"reads": reads, "writes": writes, "qk": qk, "end_gate": end_gate, "gate": gate, "decay": decay, "k": kc}
+    tensors = {name: first_output(x) for name, x in tensors.items()}
+
+    # every sequence's first chunk (the first S of the P), from the input states
+    sequences = ops.gather(ops.shape_of(state, ov.Type.i64), i64([0]), i64(0))  # [1]: S
+    firsts = {name: ops.slice(x, i64([0]), sequences, i64([1]), i64([0])) for name, x in tensors.items()}
+    out0, u0, end0 = _chunk_step(*(firsts[name] for name in _ROUND), state)  # [S, Hv, c, Dv], …, [S, Hv, Dk, Dv]
+    # later chunks: the sequences that have them, in rank order
+    start = ops.gather(end0, layout.later, i64(0)).output(0)  # [M, Hv, Dk, Dv]
+    rows = _state_rows(grid, size, layout)
+    outputs, final, held = _round_loop(tensors, start, layout, rows, at)  # [R, M, Hv, c, Dv], [M, …], [H, …]
 
     # State rows: the state after a sequence's last row is its final state (cells past the end change nothing), rows
     # in the first chunk start from the input state: both are found after the loop; the loop keeps only the others
     # (none in the runtime's calls), in a buffer it carries, which costs a copy per round.
-    rows = _state_rows(grid, size, layout)
-    tensors = {
-        "reads": reads,
-        "writes": writes,
-        "qk": qk,
-        "end_gate": end_gate,
-        "gate": gate,
-        "decay": decay,
-        "k": kc,
-    }
-    ranked = ops.gather(state, layout.order, i64(0)).output(0)  # [S, Hv, Dk, Dv]: in rank order
-    outputs, final, u, held = _round_loop(tensors, ranked, count, layout, rows, at)
-    # the first round's chunks are the first A_0 of the P, in rank order
-    first = ops.gather(rows.rank, rows.first, i64(0))  # [F]
-    start = ops.gather(state, ops.gather(grid.state_sequence, rows.first, i64(0)), i64(0))  # [F, Hv, Dk, Dv]
-    u0 = ops.gather(u, i64(0), i64(0))  # [S, Hv, c, Dv]
-    from_input = _states_after(start, gate, decay, kc, u0, first, ops.gather(rows.row, rows.first, i64(0)))
-    states = ops.gather(ops.concat([final, from_input, held], 0), rows.source, i64(0))  # [Q, Hv, Dk, Dv]
-    outputs = ops.gather(outputs, layout.rank, i64(1))  # [N, S, Hv, c, Dv]: back in sequence order
-    outputs = ops.transpose(outputs, i64([1, 0, 3, 2, 4]))  # [S, N, c, Hv, Dv]
-    outputs = ops.reshape(outputs, i64([0, -1, heads, dv]), True)  # [S, N c, Hv, Dv]
-    return named(outputs, f"{at}/outputs"), named(states, f"{at}/states")
+    sequence = ops.gather(grid.state_sequence, rows.first, i64(0))  # [F]
+    picks = [ops.gather(firsts[name], sequence, i64(0)) for name in _ROWS]  # [F, Hv, ...]
+    begin = ops.gather(state, sequence, i64(0))  # [F, Hv, Dk, Dv]
+    row = ops.gather(rows.row, rows.first, i64(0))  # [F]
+    from_input = _states_after(begin, *picks, ops.gather(u0, sequence, i64(0)), row)  # [F, Hv, Dk, Dv]
+    states = ops.gather(ops.concat([end0, final, from_input, held], 0), rows.source, i64(0))  # [Q, Hv, Dk, Dv]
+
+    # outputs: [first chunks ; later rounds] as rows, then each packed row's
+    table = [ops.transpose(out0, i64([0, 2, 1, 3])), ops.transpose(outputs, i64([0, 1, 3, 2, 4]))]
+    table = ops.concat([ops.reshape(x, i64([-1, heads, dv]), False) for x in table], 0)  # [S c + R M c, Hv, Dv]
+    return named(ops.gather(table, _output_rows(grid, size, layout), i64(0)), f"{at}/outputs"), named(
+        states, f"{at}/states"
+    )
 
 
 @dataclass(frozen=True)
 class _Layout:
-    """Which chunks a call computes: sequences ranked by their number of chunks (most first), round j holds chunk j
-    of ranks 0 .. A_j - 1, and the P chunks are listed round after round."""
+    """Which chunks a call computes: first every sequence's first chunk (in sequence order), then round after round
+    (round j = 1 .. N - 1) chunk j of the M sequences with more than one chunk, ranked by their number of chunks (most
+    first), so that round j takes the first A_j ranks. The loop runs R = max(N - 1, 1) rounds: a call without
+    later chunks runs one round of none."""
 
-    order: Output  # [S] i64: the sequence at each rank
-    rank: Output  # [S] i64: each sequence's rank
-    active: Output  # [N] i64: A_j
-    offset: Output  # [N] i64: where round j starts among the P chunks
+    rank: Output  # [S] i64: each sequence's rank (those with one chunk after the M others)
+    later: Output  # [M] i64: the sequence at each of the first M ranks
+    active: Output  # [R] i64: A_j
+    offset: Output  # [R] i64: where round j starts among the P chunks
     cells: Output  # [P, 2] i64: (sequence, chunk) of each
 
 
@@ -140,17 +149,30 @@ def _layout(grid: StepGrid, size: Output, count: Output) -> _Layout:
     order = ops.topk(chunks, ops.squeeze(sequences, i64([0])), 0, "max", "value", ov.Type.i64).output(1)  # [S]
     ranks = ops.range(i64(0), ops.squeeze(sequences, i64([0])), i64(1), ov.Type.i64)  # [S]
     rank = ops.scatter_update(ops.broadcast(i64(0), sequences), order, ranks, i64(0))  # [S]
-    rounds = ops.range(i64(0), ops.squeeze(count, i64([0])), i64(1), ov.Type.i64)  # [N]
-    taking = ops.greater(ops.unsqueeze(ops.gather(chunks, order, i64(0)), i64([0])), ops.unsqueeze(rounds, i64([1])))
-    active = ops.reduce_sum(ops.convert(taking, ov.Type.i64), i64([1]), False)  # [N]: A_j
-    offset = ops.cumsum(active, i64(0), exclusive=True)  # [N]
-    # taking is [N, S], true on each row's first A_j ranks: its true cells in row-major order are the P chunks
-    where = ops.transpose(ops.non_zero(taking, ov.Type.i64), i64([1, 0]))  # [P, 2]: (round, rank)
-    round_, rank_of = (ops.squeeze(x, i64([1])) for x in ops.split(where, i64(1), 2).outputs())  # [P]
-    cells = ops.concat(
-        [ops.unsqueeze(ops.gather(order, rank_of, i64(0)), i64([1])), ops.unsqueeze(round_, i64([1]))], 1
+    multi = ops.reduce_sum(ops.convert(ops.greater(chunks, i64(1)), ov.Type.i64), i64([0]), True)  # [1]: M
+    later = ops.slice(order, i64([0]), multi, i64([1]), i64([0]))  # [M]
+    # round j = 1 .. N - 1 takes the ranks whose sequences have more than j chunks
+    rounds = ops.range(i64(1), ops.squeeze(count, i64([0])), i64(1), ov.Type.i64)  # [N - 1]
+    taking = ops.greater(ops.unsqueeze(ops.gather(chunks, later, i64(0)), i64([0])), ops.unsqueeze(rounds, i64([1])))
+    active = ops.reduce_sum(ops.convert(taking, ov.Type.i64), i64([1]), False)  # [N - 1]
+    offset = ops.add(ops.cumsum(active, i64(0), exclusive=True), sequences)  # [N - 1]
+    # taking is [N - 1, M], true on each row's first A_j ranks: its true cells in row-major order are the chunks
+    where = ops.transpose(ops.non_zero(taking, ov.Type.i64), i64([1, 0]))  # [P - S, 2]: (round - 1, rank)
+    round_, rank_of = (ops.squeeze(x, i64([1])) for x in ops.split(where, i64(1), 2).outputs())  # [P - S]
+    first = ops.concat(
+        [ops.unsqueeze(ranks, i64([1])), ops.broadcast(i64([[0]]), ops.concat([sequences, i64([1])], 0))], 1
     )
-    return _Layout(*(first_output(x) for x in (order, rank, active, offset, cells)))
+    cells = ops.concat(
+        [ops.unsqueeze(ops.gather(later, rank_of, i64(0)), i64([1])), ops.unsqueeze(ops.add(round_, i64(1)), i64([1]))],
+        1,
+    )  # [P - S, 2]
+    cells = ops.concat([first, cells], 0)  # [P, 2]
+    # a call without later chunks runs one round of none (a Loop's stacked outputs need one iteration)
+    active = ops.concat([active, i64([0])], 0)
+    offset = ops.concat([offset, i64([0])], 0)
+    trips = ops.maximum(ops.subtract(count, i64(1)), i64([1]))  # [1]: R
+    active, offset = (ops.slice(x, i64([0]), trips, i64([1]), i64([0])) for x in (active, offset))
+    return _Layout(*(first_output(x) for x in (rank, later, active, offset, cells)))
 
 
 @dataclass(frozen=True)
@@ -163,7 +185,7 @@ class _StateRows:
     row: Output  # [Q] i64: the row within its chunk
     first: Output  # [F] i64: indices into the Q state rows
     held: Output  # [H] i64
-    source: Output  # [Q] i64: each state row's place in [final states (S, rank order) ; first (F) ; held (H)]
+    source: Output  # [Q] i64: each state row's place in [end of first chunks (S) ; final (M) ; first (F) ; held (H)]
 
 
 def _state_rows(grid: StepGrid, size: Output, layout: _Layout) -> _StateRows:
@@ -182,13 +204,16 @@ def _state_rows(grid: StepGrid, size: Output, layout: _Layout) -> _StateRows:
 
     last, first = where(ends), where(ops.logical_and(in_first, inside))
     held = where(ops.logical_and(ops.logical_not(in_first), inside))
-    sequences = count(grid.valid)  # []: S
-    after_first = ops.add(sequences, count(first))  # []: S + F
     rank = ops.gather(layout.rank, grid.state_sequence, i64(0))  # [Q]
+    # a last row in the first chunk: the end of that chunk; else the loop's final state, at S + rank
+    sequences = count(grid.valid)  # []: S
+    end_at = ops.select(ops.equal(chunk, i64(0)), grid.state_sequence, ops.add(sequences, rank))  # [Q]
+    firsts_at = ops.add(sequences, count(layout.later))  # []: S + M
+    held_at = ops.add(firsts_at, count(first))  # []: S + M + F
     places = [
-        ops.gather(rank, last, i64(0)),
-        ops.range(sequences, after_first, i64(1), ov.Type.i64),
-        ops.range(after_first, ops.add(after_first, count(held)), i64(1), ov.Type.i64),
+        ops.gather(end_at, last, i64(0)),
+        ops.range(firsts_at, held_at, i64(1), ov.Type.i64),
+        ops.range(held_at, ops.add(held_at, count(held)), i64(1), ov.Type.i64),
     ]
     zeros = ops.broadcast(i64(0), ops.shape_of(grid.state_step, ov.Type.i64))  # [Q]
     source = ops.scatter_update(zeros, ops.concat([last, first, held], 0), ops.concat(places, 0), i64(0))
@@ -196,95 +221,104 @@ def _state_rows(grid: StepGrid, size: Output, layout: _Layout) -> _StateRows:
     return _StateRows(rank.output(0), chunk.output(0), row.output(0), first, held, source.output(0))
 
 
+def _output_rows(grid: StepGrid, size: Output, layout: _Layout) -> Output:
+    """Each packed row's place among the rows of [first chunks (S c) ; rounds (R M c)]: [T] i64."""
+    sequence, step = (ops.squeeze(x, i64([1])) for x in ops.split(grid.row_cells, i64(1), 2).outputs())  # [T]
+    c = ops.squeeze(size, i64([0]))  # []
+    chunk, row = ops.divide(step, c), ops.floor_mod(step, c)  # [T]
+    sequences = ops.gather(ops.shape_of(grid.valid, ov.Type.i64), i64(0), i64(0))  # []: S
+    multi = ops.gather(ops.shape_of(layout.later, ov.Type.i64), i64(0), i64(0))  # []: M
+    rank = ops.gather(layout.rank, sequence, i64(0))  # [T]
+    later = ops.add(
+        ops.multiply(sequences, c), ops.multiply(ops.add(ops.multiply(ops.subtract(chunk, i64(1)), multi), rank), c)
+    )
+    place = ops.select(ops.equal(chunk, i64(0)), ops.multiply(sequence, c), later)  # [T]: the chunk's first row
+    return ops.add(place, row).output(0)
+
+
+def _chunk_step(
+    reads: Output, writes: Output, qk: Output, end_gate: Output, state: Output
+) -> tuple[Output, Output, Output]:
+    """One chunk of each of B sequences from the states entering it (state [B, Hv, Dk, Dv]; reads [B, Hv, 3c, Dk],
+    writes [B, Hv, c, Dv], qk [B, Hv, c, c], end_gate [B, Hv, 1]): the outputs and writes u [B, Hv, c, Dv] and the
+    states at the chunk's end [B, Hv, Dk, Dv]."""
+    size = ops.gather(ops.shape_of(qk, ov.Type.i64), i64([3]), i64(0))  # [1]: c
+    both, end_k = ops.variadic_split(reads, i64(2), ops.concat([ops.multiply(size, i64(2)), size], 0)).outputs()
+    recalled, read = ops.split(ops.matmul(both, state, False, False), i64(2), 2).outputs()  # [B, Hv, c, Dv]
+    u = ops.subtract(writes, recalled)  # [B, Hv, c, Dv]
+    out = ops.add(read, ops.matmul(qk, u, False, False))  # [B, Hv, c, Dv]
+    end = ops.multiply(state, ops.unsqueeze(end_gate, i64([-1])))  # [B, Hv, Dk, Dv]
+    end = ops.add(end, ops.matmul(end_k, u, True, False))  # [B, Hv, Dk, Dv]
+    return out.output(0), u.output(0), end.output(0)
+
+
 def _round_loop(
-    tensors: dict[str, Output], state: Output, count: Output, layout: _Layout, rows: _StateRows, at: str
-) -> tuple[Output, Output, Output, Output]:
-    """One Loop iteration per round over the chunk tensors [P, Hv, ...] from the states in rank order: the outputs
-    [N, S, Hv, c, Dv] and writes u [N, S, Hv, c, Dv] (rank order; zero past A_j), the final states [S, Hv, Dk, Dv]
-    (rank order) and the states after the held rows [H, Hv, Dk, Dv]."""
+    tensors: dict[str, Output], state: Output, layout: _Layout, rows: _StateRows, at: str
+) -> tuple[Output, Output, Output]:
+    """One Loop iteration per round over the chunk tensors [P, Hv, ...] from the states of the M sequences with later
+    chunks (rank order): the outputs [R, M, Hv, c, Dv] (zero past A_j), their final states [M, Hv, Dk, Dv] and the
+    states after the held rows [H, Hv, Dk, Dv]."""
     shape = state.get_partial_shape()
     heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
-    body_in = {
-        name: ops.parameter(first_output(value).get_partial_shape(), ov.Type.f32, name=name)
-        for name, value in tensors.items()
-    }
+    body_in = {name: ops.parameter(x.get_partial_shape(), ov.Type.f32, name=name) for name, x in tensors.items()}
     carried = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="state")
     held = ops.parameter([-1, heads, dk, dv], ov.Type.f32, name="held")
     iteration = ops.parameter([], ov.Type.i64, name="iteration")
     small = {name: ops.parameter([-1], ov.Type.i64, name=name) for name in ("active", "offset", "rank", "chunk", "row")}
 
-    taken = ops.gather(small["active"], ops.unsqueeze(iteration, i64([0])), i64(0))  # [1]: A_j
-    begin = ops.gather(small["offset"], ops.unsqueeze(iteration, i64([0])), i64(0))  # [1]
+    at_round = ops.unsqueeze(iteration, i64([0]))  # [1]
+    taken = ops.gather(small["active"], at_round, i64(0))  # [1]: A_j
+    begin = ops.gather(small["offset"], at_round, i64(0))  # [1]
     picked = ops.range(ops.squeeze(begin, i64([0])), ops.squeeze(ops.add(begin, taken), i64([0])), i64(1), ov.Type.i64)
-    # round j's chunks, [A_j, Hv, ...]; the held rows' tensors are gathered for those rows only
-    x = {name: ops.gather(body_in[name], picked, i64(0)) for name in ("reads", "writes", "qk", "end_gate")}
-    size = ops.gather(ops.shape_of(x["qk"], ov.Type.i64), i64([3]), i64(0))  # [1]: c
-    reads, end_k = ops.variadic_split(x["reads"], i64(2), ops.concat([ops.multiply(size, i64(2)), size], 0)).outputs()
-    now, later = ops.variadic_split(carried, i64(0), ops.concat([taken, i64([-1])], 0)).outputs()  # A_j, S - A_j
-    recalled, read = ops.split(ops.matmul(reads, now, False, False), i64(2), 2).outputs()  # [A_j, Hv, c, Dv]
-    u = ops.subtract(x["writes"], recalled)  # [A_j, Hv, c, Dv]
-    out = ops.add(read, ops.matmul(x["qk"], u, False, False))  # [A_j, Hv, c, Dv]
-    end = ops.multiply(now, ops.unsqueeze(x["end_gate"], i64([-1])))  # [A_j, Hv, Dk, Dv]
-    end = ops.add(end, ops.matmul(end_k, u, True, False))  # [A_j, Hv, Dk, Dv]
-    carried_new = ops.concat([end, later], 0)  # [S, Hv, Dk, Dv]
+    x = {name: ops.gather(body_in[name], picked, i64(0)) for name in _ROUND}  # round j's chunks: [A_j, Hv, ...]
+    now, later = ops.variadic_split(carried, i64(0), ops.concat([taken, i64([-1])], 0)).outputs()  # A_j, M - A_j
+    out, u, end = _chunk_step(*(x[name] for name in _ROUND), now)
+    carried_new = ops.concat([end, later], 0)  # [M, Hv, Dk, Dv]
 
-    here = ops.reshape(ops.non_zero(ops.equal(small["chunk"], iteration)), i64([-1]), False)  # [M]
-    rank, row = (ops.gather(small[n], here, i64(0)) for n in ("rank", "row"))  # [M]
-    chunk = ops.add(begin, rank)  # [M]: among the P chunks
-    start = ops.gather(carried, rank, i64(0))  # [M, Hv, Dk, Dv]
-    picks = [ops.gather(body_in[n], chunk, i64(0)) for n in ("gate", "decay", "k")]  # [M, Hv, ...]
-    states = _states_after(
-        start,
-        *picks,
-        ops.gather(u, rank, i64(0)),
-        ops.range(i64(0), ops.gather(ops.shape_of(here, ov.Type.i64), i64(0), i64(0)), i64(1), ov.Type.i64),
-        row,
-    )
+    # the held rows of this round (round j = iteration + 1)
+    here = ops.reshape(ops.non_zero(ops.equal(small["chunk"], ops.add(iteration, i64(1)))), i64([-1]), False)  # [K]
+    rank, row = (ops.gather(small[n], here, i64(0)) for n in ("rank", "row"))  # [K]
+    picks = [ops.gather(body_in[n], ops.add(begin, rank), i64(0)) for n in _ROWS]  # [K, Hv, ...]
+    states = _states_after(ops.gather(carried, rank, i64(0)), *picks, ops.gather(u, rank, i64(0)), row)
     held_new = ops.scatter_update(held, here, states, i64(0))  # [H, Hv, Dk, Dv]
 
-    sequences = ops.gather(ops.shape_of(carried, ov.Type.i64), i64([0]), i64(0))  # [1]: S
-
-    def padded(y: Output) -> Output:
-        """[A_j, Hv, c, Dv] -> [1, S, Hv, c, Dv], zeros past A_j."""
-        rest = ops.concat([ops.subtract(sequences, taken), i64([heads]), size, i64([dv])], 0)  # [4]
-        return ops.unsqueeze(ops.concat([y, ops.broadcast(const(0.0), rest)], 0), i64([0]))
+    multi = ops.gather(ops.shape_of(carried, ov.Type.i64), i64([0]), i64(0))  # [1]: M
+    size = ops.gather(ops.shape_of(out, ov.Type.i64), i64([2]), i64(0))  # [1]: c
+    rest = ops.concat([ops.subtract(multi, taken), i64([heads]), size, i64([dv])], 0)  # [4]
+    out = ops.unsqueeze(ops.concat([out, ops.broadcast(const(0.0), rest)], 0), i64([0]))  # [1, M, Hv, c, Dv]
 
     go_on = ops.constant(np.bool_(True))
     params = [*body_in.values(), carried, held, iteration, *small.values()]
-    results = [ops.result(go_on), ops.result(carried_new), ops.result(held_new)]
-    results += [ops.result(padded(y)) for y in (out, u)]
-    node = Loop(ops.squeeze(count, i64([0])).output(0), ops.constant(np.bool_(True)).output(0))
+    results = [ops.result(go_on), ops.result(carried_new), ops.result(held_new), ops.result(out)]
+    trips = ops.gather(ops.shape_of(layout.active, ov.Type.i64), i64(0), i64(0))  # []: R
+    node = Loop(trips.output(0), ops.constant(np.bool_(True)).output(0))
     node.set_function(ov.Model(results, params, f"{at}/round"))
     node.set_special_body_ports([params.index(iteration), 0])
     for name, value in tensors.items():
-        node.set_invariant_input(body_in[name], first_output(value))
+        node.set_invariant_input(body_in[name], value)
     node.set_merged_input(carried, first_output(state), results[1].output(0))
     zeros = ops.broadcast(
         const(0.0), ops.concat([ops.shape_of(rows.held, ov.Type.i64), i64([heads, dk, dv])], 0)
     )  # [H, Hv, Dk, Dv]
     node.set_merged_input(held, zeros.output(0), results[2].output(0))
     for name, index in (("active", layout.active), ("offset", layout.offset)):
-        node.set_invariant_input(small[name], first_output(index))
+        node.set_invariant_input(small[name], index)
     for name, index in (("rank", rows.rank), ("chunk", rows.chunk), ("row", rows.row)):
         node.set_invariant_input(small[name], ops.gather(index, rows.held, i64(0)).output(0))
     node.set_friendly_name(at)
-    outputs, u_all = (node.get_concatenated_slices(r.output(0), 0, 1, 1, -1, 0) for r in results[3:])
+    outputs = node.get_concatenated_slices(results[3].output(0), 0, 1, 1, -1, 0)
     final, held_out = (node.get_iter_value(r.output(0), -1) for r in results[1:3])
-    return outputs, final, u_all, held_out
+    return outputs, final, held_out
 
 
-def _states_after(
-    start: Output, gate: Output, decay: Output, k: Output, u: Output, chunk: Output, row: Output
-) -> Output:
-    """The states after M rows, exp(γ_t) S₀ + Σ_s D_ts k_s ⊗ u_s, from the states entering their chunks
-    (start [M, Hv, Dk, Dv]), chunk tensors (gate [P, Hv, c], decay [P, Hv, c, c], k [P, Hv, c, Dk], u [P, Hv, c, Dv])
-    and each row's chunk among those and row within it ([M]). Returns [M, Hv, Dk, Dv]."""
-    cells = ops.concat([ops.unsqueeze(chunk, i64([1])), ops.unsqueeze(row, i64([1]))], 1)  # [M, 2]
-    weights = ops.gather_nd(ops.transpose(decay, i64([0, 2, 1, 3])), cells)  # [M, Hv, c]: D_ts of row t
-    row_gate = ops.gather_nd(ops.transpose(gate, i64([0, 2, 1])), cells)  # [M, Hv]: exp(γ_t)
-    keys = ops.multiply(ops.gather(k, chunk, i64(0)), ops.unsqueeze(weights, i64([-1])))  # [M, Hv, c, Dk]
-    states = ops.matmul(keys, ops.gather(u, chunk, i64(0)), True, False)  # [M, Hv, Dk, Dv]
-    return ops.add(states, ops.multiply(start, ops.unsqueeze(row_gate, i64([2, 3])))).output(0)
+def _states_after(start: Output, gate: Output, decay: Output, k: Output, u: Output, row: Output) -> Output:
+    """The states after K rows, exp(γ_t) S₀ + Σ_s D_ts k_s ⊗ u_s, from the states entering their chunks
+    (start [K, Hv, Dk, Dv]), their chunks' gate [K, Hv, c], decay [K, Hv, c, c], k [K, Hv, c, Dk], u [K, Hv, c, Dv]
+    and the row within the chunk [K]. Returns [K, Hv, Dk, Dv]."""
+    weights = ops.squeeze(ops.gather(decay, ops.unsqueeze(row, i64([1])), i64(2), 1), i64([2]))  # [K, Hv, c]: D_t·
+    row_gate = ops.gather(gate, ops.unsqueeze(row, i64([1])), i64(2), 1)  # [K, Hv, 1]: exp(γ_t)
+    states = ops.matmul(ops.multiply(k, ops.unsqueeze(weights, i64([-1]))), u, True, False)  # [K, Hv, Dk, Dv]
+    return ops.add(states, ops.multiply(start, ops.unsqueeze(row_gate, i64([-1])))).output(0)
 
 
 def _masks(chunk: int, size: Output) -> tuple[Output, Output, list[Output]]:
