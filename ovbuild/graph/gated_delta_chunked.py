@@ -56,25 +56,26 @@ def delta_rule_chunked(
     # a short call (decode, verification) is one chunk of its own length: no work on padding
     size = ops.minimum(grid.steps, i64([chunk]))  # [1]: c
     count = ops.divide(ops.add(grid.steps, ops.subtract(size, i64(1))), size)  # [1]: N = ceil(L / c)
-    pad = ops.subtract(ops.multiply(count, size), grid.steps)  # [1]: N c - L
     layout = _layout(grid, size, count)
 
+    # (sequence, step) of each row of the P chunks; steps past L read step L - 1, and are not real
+    steps = ops.add(
+        ops.unsqueeze(ops.multiply(ops.gather(layout.cells, i64(1), i64(1)), size), i64([1])),
+        ops.unsqueeze(ops.range(i64(0), ops.squeeze(size, i64([0])), i64(1), ov.Type.i64), i64([0])),
+    )  # [P, c]
+    owners = ops.broadcast(ops.gather(layout.cells, i64([0]), i64(1)), ops.shape_of(steps, ov.Type.i64))  # [P, c]
     # cells past a sequence's end write nothing (β = 0) and do not decay (g = 0): its state stays as it was
-    valid = ops.unsqueeze(grid.valid, i64([2]))  # [S, L, 1]
-    g = ops.select(valid, g, const(0.0))
-    beta = ops.select(valid, beta, const(0.0))
+    real = ops.unsqueeze(ops.less(steps, ops.gather(layout.lengths, owners, i64(0))), i64([1]))  # [P, 1, c]
+    steps = ops.minimum(steps, ops.subtract(grid.steps, i64(1)))
+    cells = ops.concat([ops.unsqueeze(owners, i64([2])), ops.unsqueeze(steps, i64([2]))], 2)  # [P, c, 2]
 
     def chunks(x: Output, width: int | None) -> Output:
-        """[S, L, Hv(, D)] -> [P, Hv, c(, D)]: the chunks of `layout`, zero-padded past step L."""
-        tail = [] if width is None else [width]
-        ends = ops.concat([i64([0]), pad, i64([0] * (1 + len(tail)))], 0)
-        padded = ops.pad(x, i64([0] * (3 + len(tail))), ends, "constant")  # [S, N c, Hv(, D)]
-        split = ops.reshape(padded, ops.concat([i64([0, -1]), size, i64([heads, *tail])], 0), True)
-        picked = ops.gather_nd(split, layout.cells)  # [P, c, Hv(, D)]
-        return ops.transpose(picked, i64([0, 2, 1, 3] if tail else [0, 2, 1]))  # [P, Hv, c(, D)]
+        """[S, L, Hv(, D)] -> [P, Hv, c(, D)]: the chunks of `layout`."""
+        picked = ops.gather_nd(x, cells)  # [P, c, Hv(, D)]
+        return ops.transpose(picked, i64([0, 2, 1, 3] if width else [0, 2, 1]))  # [P, Hv, c(, D)]
 
     qc, kc, vc = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # [P, Hv, c, D]
-    gc, bc = chunks(g, None), chunks(beta, None)  # [P, Hv, c]
+    gc, bc = (ops.select(real, chunks(x, None), const(0.0)) for x in (g, beta))  # [P, Hv, c]
 
     causal, strict, rounds = _masks(chunk, size)
     gamma = named(ops.cumsum(gc, i64(-1)), f"{at}/gamma")  # [P, Hv, c]: log decay since the chunk's start
@@ -103,8 +104,8 @@ def delta_rule_chunked(
 
     # every sequence's first chunk (the first S of the P), from the input states
     sequences = ops.gather(ops.shape_of(state, ov.Type.i64), i64([0]), i64(0))  # [1]: S
-    firsts = {name: ops.slice(x, i64([0]), sequences, i64([1]), i64([0])) for name, x in tensors.items()}
-    out0, u0, end0 = _chunk_step(*(firsts[name] for name in _ROUND), state)  # [S, Hv, c, Dv], …, [S, Hv, Dk, Dv]
+    firsts = [ops.slice(tensors[name], i64([0]), sequences, i64([1]), i64([0])) for name in _ROUND]
+    out0, u0, end0 = _chunk_step(*firsts, state)  # [S, Hv, c, Dv], [S, Hv, c, Dv], [S, Hv, Dk, Dv]
     # later chunks: the sequences that have them, in rank order
     start = ops.gather(end0, layout.later, i64(0)).output(0)  # [M, Hv, Dk, Dv]
     rows = _state_rows(grid, size, layout)
@@ -114,7 +115,7 @@ def delta_rule_chunked(
     # in the first chunk start from the input state: both are found after the loop; the loop keeps only the others
     # (none in the runtime's calls), in a buffer it carries, which costs a copy per round.
     sequence = ops.gather(grid.state_sequence, rows.first, i64(0))  # [F]
-    picks = [ops.gather(firsts[name], sequence, i64(0)) for name in _ROWS]  # [F, Hv, ...]
+    picks = [ops.gather(tensors[name], sequence, i64(0)) for name in _ROWS]  # [F, Hv, ...]: chunk p = sequence
     begin = ops.gather(state, sequence, i64(0))  # [F, Hv, Dk, Dv]
     row = ops.gather(rows.row, rows.first, i64(0))  # [F]
     from_input = _states_after(begin, *picks, ops.gather(u0, sequence, i64(0)), row)  # [F, Hv, Dk, Dv]
@@ -123,18 +124,18 @@ def delta_rule_chunked(
     # outputs: [first chunks ; later rounds] as rows, then each packed row's
     table = [ops.transpose(out0, i64([0, 2, 1, 3])), ops.transpose(outputs, i64([0, 1, 3, 2, 4]))]
     table = ops.concat([ops.reshape(x, i64([-1, heads, dv]), False) for x in table], 0)  # [S c + R M c, Hv, Dv]
-    return named(ops.gather(table, _output_rows(grid, size, layout), i64(0)), f"{at}/outputs"), named(
-        states, f"{at}/states"
-    )
+    outputs = ops.gather(table, _output_rows(grid, size, layout), i64(0))  # [T, Hv, Dv]
+    return named(outputs, f"{at}/outputs"), named(states, f"{at}/states")
 
 
 @dataclass(frozen=True)
 class _Layout:
-    """Which chunks a call computes: first every sequence's first chunk (in sequence order), then round after round
+    """Which P chunks a call computes: first every sequence's first chunk (in sequence order), then round after round
     (round j = 1 .. N - 1) chunk j of the M sequences with more than one chunk, ranked by their number of chunks (most
-    first), so that round j takes the first A_j ranks. The loop runs R = max(N - 1, 1) rounds: a call without
-    later chunks runs one round of none."""
+    first), so that round j takes the first A_j ranks; last a chunk of no rows. The loop runs R = max(N - 1, 1)
+    rounds: a call without later chunks runs one round of none."""
 
+    lengths: Output  # [S] i64: rows of each sequence
     rank: Output  # [S] i64: each sequence's rank (those with one chunk after the M others)
     later: Output  # [M] i64: the sequence at each of the first M ranks
     active: Output  # [R] i64: A_j
@@ -157,22 +158,25 @@ def _layout(grid: StepGrid, size: Output, count: Output) -> _Layout:
     active = ops.reduce_sum(ops.convert(taking, ov.Type.i64), i64([1]), False)  # [N - 1]
     offset = ops.add(ops.cumsum(active, i64(0), exclusive=True), sequences)  # [N - 1]
     # taking is [N - 1, M], true on each row's first A_j ranks: its true cells in row-major order are the chunks
-    where = ops.transpose(ops.non_zero(taking, ov.Type.i64), i64([1, 0]))  # [P - S, 2]: (round - 1, rank)
-    round_, rank_of = (ops.squeeze(x, i64([1])) for x in ops.split(where, i64(1), 2).outputs())  # [P - S]
+    where = ops.transpose(ops.non_zero(taking, ov.Type.i64), i64([1, 0]))  # [P - S - 1, 2]: (round - 1, rank)
+    round_, rank_of = (ops.squeeze(x, i64([1])) for x in ops.split(where, i64(1), 2).outputs())  # [P - S - 1]
     first = ops.concat(
         [ops.unsqueeze(ranks, i64([1])), ops.broadcast(i64([[0]]), ops.concat([sequences, i64([1])], 0))], 1
     )
     cells = ops.concat(
         [ops.unsqueeze(ops.gather(later, rank_of, i64(0)), i64([1])), ops.unsqueeze(ops.add(round_, i64(1)), i64([1]))],
         1,
-    )  # [P - S, 2]
-    cells = ops.concat([first, cells], 0)  # [P, 2]
+    )  # [P - S - 1, 2]
+    # then a chunk of no rows (chunk N of sequence 0 lies past L): β = 0 and g = 0 make it leave a state as it is,
+    # which is what a sequence without chunk j gets in round j
+    nothing = ops.unsqueeze(ops.concat([i64([0]), count], 0), i64([0]))  # [1, 2]
+    cells = ops.concat([first, cells, nothing], 0)  # [P, 2]
     # a call without later chunks runs one round of none (a Loop's stacked outputs need one iteration)
     active = ops.concat([active, i64([0])], 0)
     offset = ops.concat([offset, i64([0])], 0)
     trips = ops.maximum(ops.subtract(count, i64(1)), i64([1]))  # [1]: R
     active, offset = (ops.slice(x, i64([0]), trips, i64([1]), i64([0])) for x in (active, offset))
-    return _Layout(*(first_output(x) for x in (rank, later, active, offset, cells)))
+    return _Layout(*(first_output(x) for x in (lengths, rank, later, active, offset, cells)))
 
 
 @dataclass(frozen=True)
@@ -256,7 +260,7 @@ def _round_loop(
     tensors: dict[str, Output], state: Output, layout: _Layout, rows: _StateRows, at: str
 ) -> tuple[Output, Output, Output]:
     """One Loop iteration per round over the chunk tensors [P, Hv, ...] from the states of the M sequences with later
-    chunks (rank order): the outputs [R, M, Hv, c, Dv] (zero past A_j), their final states [M, Hv, Dk, Dv] and the
+    chunks (rank order): the outputs [R, M, Hv, c, Dv] (unused past A_j), their final states [M, Hv, Dk, Dv] and the
     states after the held rows [H, Hv, Dk, Dv]."""
     shape = state.get_partial_shape()
     heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
@@ -269,11 +273,13 @@ def _round_loop(
     at_round = ops.unsqueeze(iteration, i64([0]))  # [1]
     taken = ops.gather(small["active"], at_round, i64(0))  # [1]: A_j
     begin = ops.gather(small["offset"], at_round, i64(0))  # [1]
-    picked = ops.range(ops.squeeze(begin, i64([0])), ops.squeeze(ops.add(begin, taken), i64([0])), i64(1), ov.Type.i64)
-    x = {name: ops.gather(body_in[name], picked, i64(0)) for name in _ROUND}  # round j's chunks: [A_j, Hv, ...]
-    now, later = ops.variadic_split(carried, i64(0), ops.concat([taken, i64([-1])], 0)).outputs()  # A_j, M - A_j
-    out, u, end = _chunk_step(*(x[name] for name in _ROUND), now)
-    carried_new = ops.concat([end, later], 0)  # [M, Hv, Dk, Dv]
+    # rank r < A_j takes its chunk j, the others the chunk of no rows (the last): all M run, none moves
+    multi = ops.gather(ops.shape_of(carried, ov.Type.i64), i64(0), i64(0))  # []: M
+    ranks = ops.range(i64(0), multi, i64(1), ov.Type.i64)  # [M]
+    nothing = ops.subtract(ops.gather(ops.shape_of(body_in["writes"], ov.Type.i64), i64(0), i64(0)), i64(1))  # []
+    picked = ops.select(ops.less(ranks, taken), ops.add(begin, ranks), nothing)  # [M]
+    x = {name: ops.gather(body_in[name], picked, i64(0)) for name in _ROUND}  # round j's chunks: [M, Hv, ...]
+    out, u, end = _chunk_step(*(x[name] for name in _ROUND), carried)  # [M, Hv, c, Dv], …, [M, Hv, Dk, Dv]
 
     # the held rows of this round (round j = iteration + 1)
     here = ops.reshape(ops.non_zero(ops.equal(small["chunk"], ops.add(iteration, i64(1)))), i64([-1]), False)  # [K]
@@ -282,14 +288,11 @@ def _round_loop(
     states = _states_after(ops.gather(carried, rank, i64(0)), *picks, ops.gather(u, rank, i64(0)), row)
     held_new = ops.scatter_update(held, here, states, i64(0))  # [H, Hv, Dk, Dv]
 
-    multi = ops.gather(ops.shape_of(carried, ov.Type.i64), i64([0]), i64(0))  # [1]: M
-    size = ops.gather(ops.shape_of(out, ov.Type.i64), i64([2]), i64(0))  # [1]: c
-    rest = ops.concat([ops.subtract(multi, taken), i64([heads]), size, i64([dv])], 0)  # [4]
-    out = ops.unsqueeze(ops.concat([out, ops.broadcast(const(0.0), rest)], 0), i64([0]))  # [1, M, Hv, c, Dv]
+    out = ops.unsqueeze(out, i64([0]))  # [1, M, Hv, c, Dv]
 
     go_on = ops.constant(np.bool_(True))
     params = [*body_in.values(), carried, held, iteration, *small.values()]
-    results = [ops.result(go_on), ops.result(carried_new), ops.result(held_new), ops.result(out)]
+    results = [ops.result(go_on), ops.result(end), ops.result(held_new), ops.result(out)]
     trips = ops.gather(ops.shape_of(layout.active, ov.Type.i64), i64(0), i64(0))  # []: R
     node = Loop(trips.output(0), ops.constant(np.bool_(True)).output(0))
     node.set_function(ov.Model(results, params, f"{at}/round"))
