@@ -124,6 +124,14 @@ def test_chosen_state_rows_in_any_order():
     assert nmse(out, ref_out) < F32_NMSE and nmse(states, ref_states) < F32_NMSE
 
 
+def test_a_sequence_without_rows():
+    """A sequence of no rows among others (its chunk is all padding) disturbs nothing."""
+    seqs = sequences([40, 0, 3], np.random.default_rng(1))
+    out, states = run(16, seqs, [0, 39, 40, 42])
+    ref_out, ref_states = reference(seqs, [0, 39, 40, 42])
+    assert nmse(out, ref_out) < F32_NMSE and nmse(states, ref_states) < F32_NMSE
+
+
 def test_no_state_rows():
     seqs = sequences([3, 40], np.random.default_rng(2))
     out, states = run(16, seqs, [])
