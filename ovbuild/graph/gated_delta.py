@@ -96,21 +96,6 @@ def l2_normalize(x: Output, eps: float = 1e-6) -> Output:
     return ops.divide(x, ops.sqrt(ops.add(ops.reduce_sum(ops.multiply(x, x), i64([-1]), True), const(eps))))
 
 
-def delta_rule_step(q: Output, k: Output, v: Output, g: Output, beta: Output, state: Output) -> tuple[Output, Output]:
-    """One step of the rule for every sequence: q, k [S, 1, Hv, Dk], v [S, 1, Hv, Dv], g, beta [S, 1, Hv] and
-    state [S, Hv, Dk, Dv]; returns the state after it and the outputs [S, 1, Hv, Dv]."""
-    heads = state.get_partial_shape()[1].get_length()
-    # [S, 1, Hv, D] -> [S, Hv, 1, D]
-    qt, kt, vt = (ops.transpose(x, i64([0, 2, 1, 3])) for x in (q, k, v))
-    decay = ops.reshape(ops.exp(g), i64([0, heads, 1, 1]), True)  # [S, Hv, 1, 1]
-    s = ops.multiply(state, decay)  # [S, Hv, Dk, Dv]
-    recalled = ops.matmul(kt, s, False, False)  # [S, Hv, 1, Dv]: what the decayed state holds for key k
-    write = ops.multiply(ops.subtract(vt, recalled), ops.reshape(beta, i64([0, heads, 1, 1]), True))
-    s = ops.add(s, ops.matmul(kt, write, True, False))  # [S, Hv, Dk, Dv]
-    out = ops.transpose(ops.matmul(qt, s, False, False), i64([0, 2, 1, 3]))  # [S, 1, Hv, Dv]
-    return s.output(0), out.output(0)
-
-
 def delta_rule_loop(
     q: Output, k: Output, v: Output, g: Output, beta: Output, state: Output, grid: StepGrid, at: str
 ) -> tuple[Output, Output]:
@@ -132,7 +117,14 @@ def delta_rule_loop(
     kept_sequence = ops.parameter([-1], ov.Type.i64, name="state_sequence")
     kept_step = ops.parameter([-1], ov.Type.i64, name="state_step")
 
-    s, out = delta_rule_step(step_q, step_k, step_v, step_g, step_beta, carried)
+    # [S, 1, Hv, D] -> [S, Hv, 1, D]
+    qt, kt, vt = (ops.transpose(x, i64([0, 2, 1, 3])) for x in (step_q, step_k, step_v))
+    decay = ops.reshape(ops.exp(step_g), i64([0, heads, 1, 1]), True)  # [S, Hv, 1, 1]
+    s = ops.multiply(carried, decay)  # [S, Hv, Dk, Dv]
+    recalled = ops.matmul(kt, s, False, False)  # [S, Hv, 1, Dv]: what the decayed state holds for key k
+    write = ops.multiply(ops.subtract(vt, recalled), ops.reshape(step_beta, i64([0, heads, 1, 1]), True))
+    s = ops.add(s, ops.matmul(kt, write, True, False))  # [S, Hv, Dk, Dv]
+    out = ops.transpose(ops.matmul(qt, s, False, False), i64([0, 2, 1, 3]))  # [S, 1, Hv, Dv]
     here = ops.reshape(ops.equal(kept_step, iteration), i64([-1, 1, 1, 1]), False)  # [Q, 1, 1, 1]
     kept_new = ops.select(here, ops.gather(s, kept_sequence, i64(0)), kept)  # [Q, Hv, Dk, Dv]
     go_on = ops.constant(np.bool_(True))
