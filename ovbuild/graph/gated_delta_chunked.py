@@ -344,8 +344,8 @@ def _unit_lower_inverse(lower: Output, rounds: list[Output]) -> Output:
     """(I + lower)⁻¹ for strictly lower triangular `lower` [..., c, c], by doubling the inverted diagonal blocks.
 
     With T the inverse of the b-block diagonal part of I + lower and E the entries joining b-blocks into 2b-blocks,
-    the inverse of the 2b-block diagonal part is T − T E T (exactly: E T E = 0). log2(c) rounds of two MatMuls; no
-    power series, which loses f32 precision when the entries of lower are large.
+    the inverse of the 2b-block diagonal part is T − T E T (exactly: E T E = 0). log2(c) rounds of two MatMuls (an
+    earlier attempt found a power series for the inverse unstable in f32).
     """
     inverse = None
     for mask in rounds:
