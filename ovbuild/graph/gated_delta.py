@@ -1,8 +1,10 @@
 """The linear-attention (Gated DeltaNet) sublayer of a hybrid target on packed rows, with per-sequence states.
 
-Packed rows are laid out as a [S, L] grid (sequence, step; L = the longest sequence of the call) for the causal conv
-and the recurrence, which runs as one opset Loop over the L steps with all sequences side by side; outputs go back
-to the packed rows. The states after the rows named by `state_rows` leave the graph for the runtime to keep.
+Packed rows are laid out as a [S, L] grid (sequence, step; L = the longest sequence of the call; graph/step_grid.py)
+for the causal conv and the recurrence, which runs in chunks of rows with all sequences side by side
+(graph/gated_delta_chunked.py); outputs go back to the packed rows. The states after the rows named by `state_rows`
+leave the graph for the runtime to keep. `delta_rule_loop`, one Loop iteration per step, is the baseline that
+bench/bench_hybrid.py measures the chunked form against.
 
 u ─ in_proj_qkv ─ causal conv (+ conv state) ─ silu ─ q, k (l2-normalized), v ─┐
   ─ in_proj_b ─ sigmoid = beta; in_proj_a ─ g = -exp(A_log) softplus(a + dt_bias) ─ delta rule (+ state) ─ o
@@ -11,54 +13,16 @@ u ─ in_proj_qkv ─ causal conv (+ conv state) ─ silu ─ q, k (l2-normalize
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 from openvino._pyopenvino.op import loop as Loop
 
 from ovbuild.graph.context import BuildContext
+from ovbuild.graph.gated_delta_chunked import delta_rule_chunked
 from ovbuild.graph.norm import rms_norm
-from ovbuild.graph.ops import Output, const, i64, named
-
-
-@dataclass(frozen=True)
-class StepGrid:
-    """Where packed rows sit on the [S, L] grid of one call; built once, shared by every linear layer."""
-
-    cells: Output  # [S, L] i64: packed row at (sequence, step); past a sequence's end, its last row again
-    steps: Output  # [1] i64: L
-    row_cells: Output  # [T, 2] i64: (sequence, step) of each packed row
-    state_sequence: Output  # [Q] i64: sequence of each state row
-    state_step: Output  # [Q] i64: its step
-
-
-def step_grid(subsequence_begins: Output, state_rows: Output, rows_like: Output) -> StepGrid:
-    """The grid of a call from subsequence_begins [S + 1] i32, state_rows [Q] i64 and any [T, ...] tensor."""
-    begins = ops.convert(subsequence_begins, ov.Type.i64)
-    starts = ops.slice(begins, i64([0]), i64([-1]), i64([1]), i64([0]))  # [S]
-    ends = ops.slice(begins, i64([1]), i64([2**62]), i64([1]), i64([0]))  # [S]
-    lengths = ops.subtract(ends, starts)  # [S]
-    steps = ops.reduce_max(lengths, i64([0]), True)  # [1]
-    step = ops.range(i64(0), ops.squeeze(steps, i64([0])), i64(1), ov.Type.i64)  # [L]
-    last = ops.maximum(ops.subtract(lengths, i64(1)), i64(0))  # [S]
-    cells = ops.add(
-        ops.unsqueeze(starts, i64([1])), ops.minimum(ops.unsqueeze(step, i64([0])), ops.unsqueeze(last, i64([1])))
-    )
-    total = ops.gather(ops.shape_of(rows_like, ov.Type.i64), i64(0), i64(0))  # []
-    row = ops.range(i64(0), total, i64(1), ov.Type.i64)  # [T]
-    after = ops.less_equal(ops.unsqueeze(ends, i64([0])), ops.unsqueeze(row, i64([1])))  # [T, S]: sequences ended
-    sequence = ops.reduce_sum(ops.convert(after, ov.Type.i64), i64([1]), False)  # [T]
-    row_step = ops.subtract(row, ops.gather(starts, sequence, i64(0)))  # [T]
-    row_cells = ops.concat([ops.unsqueeze(sequence, i64([1])), ops.unsqueeze(row_step, i64([1]))], 1)  # [T, 2]
-    return StepGrid(
-        named(cells, "linear_attention/grid/cells"),
-        named(steps, "linear_attention/grid/steps"),
-        named(row_cells, "linear_attention/grid/row_cells"),
-        named(ops.gather(sequence, state_rows, i64(0)), "linear_attention/grid/state_sequence"),
-        named(ops.gather(row_step, state_rows, i64(0)), "linear_attention/grid/state_step"),
-    )
+from ovbuild.graph.ops import Output, const, first_output, i64, named
+from ovbuild.graph.step_grid import StepGrid
 
 
 def gated_delta_net(
@@ -97,8 +61,7 @@ def gated_delta_net(
     dt_bias = ctx.weights.get(f"{p}.dt_bias", (nv,)).to_f32()
     g = ops.multiply(ops.softplus(ops.add(a, const(dt_bias))), const(-rate))  # [T, Hv]: log decay of each row
     g = ops.gather(g, grid.cells, i64(0))  # [S, L, Hv]
-    out, state_out = delta_rule_loop(q, k, v, g, beta, recurrent_state, grid, at)
-    out = ops.gather_nd(out, grid.row_cells)  # [T, Hv, Dv]
+    out, state_out = delta_rule_chunked(q, k, v, g, beta, recurrent_state, grid, at)  # [T, Hv, Dv], [Q, …]
     norm_w = ctx.weights.get(f"{p}.norm", (dv,)).to_f32()
     normed = rms_norm(out, const(norm_w), cfg.rms_norm_eps, f"{at}/norm")
     gated = ops.multiply(normed, ops.swish(ops.reshape(z, i64([0, nv, dv]), True)))  # [T, Hv, Dv]
@@ -136,10 +99,10 @@ def l2_normalize(x: Output, eps: float = 1e-6) -> Output:
 def delta_rule_loop(
     q: Output, k: Output, v: Output, g: Output, beta: Output, state: Output, grid: StepGrid, at: str
 ) -> tuple[Output, Output]:
-    """The gated delta rule, one grid step per Loop iteration, all sequences at once.
+    """The gated delta rule, one grid step per Loop iteration, all sequences at once (the chunked form's baseline).
 
-    q, k [S, L, Hv, Dk], v [S, L, Hv, Dv], g, beta [S, L, Hv], state [S, Hv, Dk, Dv]. Returns the outputs
-    [S, L, Hv, Dv] and the states after each state row [Q, Hv, Dk, Dv].
+    q, k [S, L, Hv, Dk], v [S, L, Hv, Dv], g, beta [S, L, Hv], state [S, Hv, Dk, Dv]. Returns the outputs of the
+    packed rows [T, Hv, Dv] and the states after each state row [Q, Hv, Dk, Dv].
     """
     shape = state.get_partial_shape()
     heads, dk, dv = (shape[d].get_length() for d in (1, 2, 3))
@@ -174,20 +137,16 @@ def delta_rule_loop(
     node.set_function(body)
     node.set_special_body_ports([params.index(iteration), 0])
     for param, value in zip(params[:5], (q, k, v, g, beta), strict=True):
-        node.set_sliced_input(param, _out(value), 0, 1, 1, -1, 1)
-    node.set_merged_input(carried, _out(state), results[1].output(0))
+        node.set_sliced_input(param, first_output(value), 0, 1, 1, -1, 1)
+    node.set_merged_input(carried, first_output(state), results[1].output(0))
     zeros = ops.broadcast(
         const(0.0),
         ops.concat([ops.shape_of(grid.state_sequence, ov.Type.i64), i64([heads, dk, dv])], 0),
     )  # [Q, Hv, Dk, Dv]
     node.set_merged_input(kept, zeros.output(0), results[2].output(0))
-    node.set_invariant_input(kept_sequence, _out(grid.state_sequence))
-    node.set_invariant_input(kept_step, _out(grid.state_step))
+    node.set_invariant_input(kept_sequence, first_output(grid.state_sequence))
+    node.set_invariant_input(kept_step, first_output(grid.state_step))
     outputs = node.get_concatenated_slices(results[3].output(0), 0, 1, 1, -1, 1)  # [S, L, Hv, Dv]
     final_kept = node.get_iter_value(results[2].output(0), -1)
     node.set_friendly_name(f"{at}/delta_rule")
-    return outputs, final_kept
-
-
-def _out(x) -> Output:
-    return x.output(0) if isinstance(x, ov.Node) else x
+    return ops.gather_nd(outputs, grid.row_cells).output(0), final_kept  # [T, Hv, Dv]

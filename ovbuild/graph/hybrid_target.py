@@ -16,10 +16,11 @@ from ovbuild.contract import HeadGeometry, HybridKeys, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import embedding, mlp
 from ovbuild.graph.gated_attention import gated_attention, zero_centered_norm
-from ovbuild.graph.gated_delta import gated_delta_net, step_grid
+from ovbuild.graph.gated_delta import gated_delta_net
 from ovbuild.graph.ops import named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.step_grid import step_grid
 from ovbuild.graph.target import target_outputs
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.weights.draft_config import check_target_layer_ids

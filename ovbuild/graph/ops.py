@@ -30,6 +30,11 @@ def named(node: Node | Output, path: str) -> Output:
     return node.output(0)
 
 
+def first_output(x: Node | Output) -> Output:
+    """x's first output, or x itself if it is one (Loop ports take outputs, builders return either)."""
+    return x.output(0) if isinstance(x, ov.Node) else x
+
+
 def parameter(name: str, shape: list[int], dtype: ov.Type) -> ov.Node:
     """A model input whose tensor name equals its friendly name, so ports are found by name."""
     p = ops.parameter(shape, dtype, name=name)
