@@ -1,0 +1,108 @@
+"""How a call's inputs reach the infer request: InferRequest.infer(dict) against tensors bound with set_tensor and a
+bare infer(), on the shipped demo target (a 1-row decode call and an 8-row verification call) and on a model that
+does nothing with the same inputs (the binding alone). Side by side in one process, interleaved rounds, median.
+
+    python bench/bench_lean_calls.py [--rounds 15] [--calls 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino.opset16 as ops
+
+from ovbuild.demo import shipped_pair
+from ovbuild.export import export
+from ovbuild.graph.ir import core, read_ir
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.machine import describe
+from ovbuild.runtime.paged_model import PagedModel
+
+CONTEXT = 48  # tokens in the cache before each timed call
+
+
+def call_inputs(model: PagedModel, rows: int) -> dict[str, np.ndarray]:
+    """A call of `rows` rows after CONTEXT cached tokens: model inputs plus the PagedAttention layout."""
+    inputs = {
+        "input_ids": np.full(rows, 5, np.int64),
+        "position_ids": np.arange(CONTEXT, CONTEXT + rows),
+        "logits_indices": np.arange(rows),
+    }
+    return inputs | model.cache.layout([SequenceRows(0, CONTEXT, rows)])
+
+
+def dict_infer(request: ov.InferRequest, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+    """The previous binding: every input dispatched by InferRequest.infer's Python helpers."""
+    request.infer(feeds, share_inputs=True, share_outputs=True)
+
+
+def bound_infer(request: ov.InferRequest, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+    """PagedModel.run's binding: set_tensor over each array's memory, then a bare infer()."""
+    for name, value in feeds.items():
+        request.set_tensor(name, ov.Tensor(np.require(value, dtypes.get(name), "C"), shared_memory=True))
+    request.infer()
+
+
+def empty_request(like: PagedModel) -> ov.InferRequest:
+    """A model taking `like`'s non-cache inputs and computing next to nothing: what is left is the binding."""
+    params = [
+        ops.parameter(port.get_partial_shape(), port.get_element_type(), name=port.get_any_name())
+        for port in like.compiled.inputs
+        if port.get_any_name() in like.input_dtypes
+    ]
+    sums = [ops.reduce_sum(ops.convert(p, ov.Type.f32), ops.constant(np.zeros(0, np.int64)), False) for p in params]
+    results = [ops.result(ops.shape_of(s)) for s in sums]  # every input is consumed, nothing is computed
+    return core().compile_model(ov.Model(results, params, "bindings_only"), "CPU").create_infer_request()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=100)
+    args = parser.parse_args()
+    print(describe())
+    with tempfile.TemporaryDirectory(prefix="ovbuild_lean_") as tmp:
+        target_ckpt, draft_ckpt = shipped_pair()
+        folder = export(target_ckpt, Path(tmp) / "target", draft_of=draft_ckpt, quiet=True).out
+        target = PagedModel(read_ir(folder / "openvino_model.xml"), "CPU", "f16", "f32")
+    prefix = call_inputs(target, CONTEXT)
+    prefix |= {"position_ids": np.arange(CONTEXT), **target.cache.layout([SequenceRows(0, 0, CONTEXT)])}
+    target.run([SequenceRows(0, 0, CONTEXT)], {k: prefix[k] for k in ("input_ids", "position_ids", "logits_indices")})
+    cases = {
+        "binding only": (empty_request(target), 1),
+        "target 1 row": (target.request, 1),
+        "target 8 rows": (target.request, 8),
+    }
+    ways = {"infer(dict)": dict_infer, "set_tensor + infer()": bound_infer}
+    seconds = {(case, way): [] for case in cases for way in ways}
+    for _ in range(args.rounds):
+        order = list(seconds)
+        random.shuffle(order)
+        for case, way in order:
+            request, rows = cases[case]
+            feeds = call_inputs(target, rows)
+            times = []
+            for _ in range(args.calls):
+                start = time.perf_counter()
+                ways[way](request, target.input_dtypes, feeds)
+                times.append(time.perf_counter() - start)
+            seconds[case, way].append(statistics.median(times))
+    print(f"median over {args.rounds} rounds of the median of {args.calls} calls (ms); ratio within each round")
+    for case in cases:
+        a, b = (seconds[case, way] for way in ways)
+        ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
+        print(
+            f"  {case:<14} infer(dict) {statistics.median(a) * 1e3:7.3f}   set_tensor + infer() "
+            f"{statistics.median(b) * 1e3:7.3f}   dict / bound {ratio:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
