@@ -10,8 +10,9 @@ Both sides run at the same exactness: f32 inference and the same KV cache precis
 
 One request at a time it also prints the floor of issue 14: for each pinned draft length k, its measured mean
 acceptance length tau_k times t_target(1 row) / (t_target(k + 1 rows) + t_draft(tau_k + k + 1 rows) + t_host), each
-call time the low quartile of the calls the runtime made (its planner's cost model), host its per-step average; the
-best k is the most speculation could give on this pair and machine, and the measured ratio is set against it.
+call time the fastest of the recent calls the runtime made with about that many rows (CallCost.fastest), host its
+per-step average; the best k is the most speculation could give on this pair and machine, and the measured ratio is
+set against it.
 
     python bench/bench_vs_genai.py [--rounds 5] [--new-tokens 64] [--concurrency 1 4 16 32]
 """
@@ -196,7 +197,7 @@ def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: fl
     """The floor of speculation one request at a time, per pinned k, from the runtime's own cost models."""
     spec = modes.pipeline.speculation
     print("  floor, one request at a time (tau_k x t_T(1) / (t_T(k+1) + t_D(tau_k+k+1) + t_host)):")
-    t1 = float(spec.target_cost(1))
+    t1 = spec.target_cost.fastest(1)
     best = 0.0
     for k in range(1, block):
         runs = []  # every prompt's totals at this k (the calls also feed the cost models)
@@ -204,13 +205,12 @@ def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: fl
             modes.ovbuild([p], True, False, k)
             runs.append(modes.last_metrics.requests)
         tau = 1 + sum(r.num_accepted_tokens for r in runs) / max(sum(r.num_drafts for r in runs), 1)
-        step = float(spec.target_cost(k + 1)) + float(spec.draft_cost(round(tau) + k + 1)) + spec.host_s
-        floor = tau * t1 / step
+        verify, draft = spec.target_cost.fastest(k + 1), spec.draft_cost.fastest(round(tau) + k + 1)
+        floor = tau * t1 / (verify + draft + spec.host_s)
         best = max(best, floor)
         print(
-            f"    k={k}: tau {tau:.2f}, t_T(1) {t1 * 1e3:.2f} ms, t_T({k + 1}) {spec.target_cost(k + 1) * 1e3:.2f} ms, "
-            f"t_D({round(tau) + k + 1}) {spec.draft_cost(round(tau) + k + 1) * 1e3:.2f} ms, host "
-            f"{spec.host_s * 1e3:.2f} ms -> {floor:.2f}x"
+            f"    k={k}: tau {tau:.2f}, t_T(1) {t1 * 1e3:.2f} ms, t_T({k + 1}) {verify * 1e3:.2f} ms, "
+            f"t_D({round(tau) + k + 1}) {draft * 1e3:.2f} ms, host {spec.host_s * 1e3:.2f} ms -> {floor:.2f}x"
         )
     print(f"  best floor {best:.2f}x; ovbuild draft / alone measured {measured:.2f}x = {measured / best:.0%} of it")
 

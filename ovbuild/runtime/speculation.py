@@ -47,9 +47,13 @@ MAX_PLAN_BACKOFF = 8  # steps without a plan, at most, while the last plans draf
 
 
 class CallCost:
-    """Seconds one call takes as a function of its rows. Per row bucket: a low quantile of the recent calls (a shared
-    machine adds spikes, never speed-ups); interpolated between buckets, extrapolated linearly beyond the last; never
-    decreasing with rows (a bucket that measured a spike is capped by the larger ones)."""
+    """Seconds one call takes as a function of its rows. Per row bucket: the median of the recent calls (robust to a
+    shared machine's spikes); made non-decreasing in rows by pooling neighbouring buckets that disagree, each weighted
+    by its calls; interpolated between buckets, extrapolated linearly beyond the last.
+
+    The median, not a low quantile, and pooling, not capping each bucket by the larger ones: a lucky fast call in the
+    8-row bucket used to flatten the whole curve, so that 8 verification rows looked as cheap as 1 and the demo pair
+    drafted full blocks where 4 tokens were measured faster (issue 14)."""
 
     def __init__(self, window: int = 16):
         """window: recent calls kept per bucket (0: keep the first one seen, for fixed costs in tests)."""
@@ -58,6 +62,7 @@ class CallCost:
         self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's estimate
         self.seconds = np.zeros(len(BUCKETS))
         self.seen = np.zeros(len(BUCKETS), bool)
+        self._fit: tuple[np.ndarray, np.ndarray] | None = None  # (rows, seconds) of the monotone curve, when current
 
     @property
     def calibrated(self) -> bool:
@@ -73,20 +78,39 @@ class CallCost:
             return
         recent.append((rows, seconds))
         del recent[: -max(self.window, 1)]
-        rows_, seconds_ = sorted(recent, key=lambda call: call[1])[len(recent) // 4]  # the lower quartile call
+        rows_, seconds_ = sorted(recent, key=lambda call: call[1])[len(recent) // 2]  # the median call
         self.rows[b], self.seconds[b], self.seen[b] = rows_, seconds_, True
+        self._fit = None
+
+    def fastest(self, rows: int) -> float:
+        """The fastest recent call in the bucket nearest `rows` (nan if none): the floor a benchmark compares with."""
+        recent = self.recent[bisect.bisect_left(_BUCKET_EDGES, rows)]
+        return min((seconds for _, seconds in recent), default=float("nan"))
 
     def __call__(self, rows: np.ndarray | int) -> np.ndarray:
         """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
-        x, y = self.rows[self.seen], self.seconds[self.seen]  # buckets in increasing rows
+        if self._fit is None:
+            calls = np.array([len(r) for r in self.recent], np.float64)[self.seen]
+            self._fit = self.rows[self.seen], _monotone(self.seconds[self.seen], np.maximum(calls, 1))
+        x, y = self._fit  # buckets in increasing rows
         if len(x) == 0:
             return np.zeros(np.shape(rows))
         if len(x) == 1:
             return y[0] * np.maximum(np.asarray(rows, np.float64), 1) / x[0]
-        y = np.minimum.accumulate(y[::-1])[::-1]  # no bucket dearer than a larger one: spikes only ever add time
         slope = max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0)
         rows = np.asarray(rows, np.float64)
         return np.where(rows > x[-1], y[-1] + slope * (rows - x[-1]), np.interp(rows, x, y))
+
+
+def _monotone(y: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """The closest non-decreasing sequence to y in weighted least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count] of each pooled run
+    for value, w in zip(y.tolist(), weight.tolist(), strict=True):
+        blocks.append([value, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.array([m for m, _, n in blocks for _ in range(n)])
 
 
 @dataclass
