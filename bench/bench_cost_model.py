@@ -42,7 +42,7 @@ import numpy as np
 
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.target import build_target
+from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -150,7 +150,7 @@ def host_per_step(n: int, with_draft: bool, shape: str = "qwen3-4b") -> float:
     with tempfile.TemporaryDirectory() as tmp:
         tcfg, tw = load_target(Checkpoint.open(write_tiny_t(Path(tmp) / "t")))
         dcfg, dw = load_draft(Checkpoint.open(write_tiny_d(Path(tmp) / "d")))
-        target = PagedModel(build_target(tcfg, tw, dcfg.target_layer_ids))
+        target = PagedModel(build_paged_target(tcfg, tw, dcfg.target_layer_ids))
         drafter = BlockDrafter(build_dflash_draft(dcfg, dw, tw)) if with_draft else None
         scheduler = Scheduler(target, drafter)
         k = drafter.max_candidates if drafter else None
@@ -257,7 +257,7 @@ def main() -> None:
         dcfg, dw = load_draft(Checkpoint.open(root / "draft"))
         start = time.perf_counter()
         target = PagedModel(
-            build_target(tcfg, tw, dcfg.target_layer_ids, policy),
+            build_paged_target(tcfg, tw, dcfg.target_layer_ids, policy),
             kv_cache_precision="f16",
             inference_precision=args.target_precision,
             cache_mb=2048,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.graph.target import build_target
+from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
@@ -114,7 +114,7 @@ def main() -> None:
         cfg, weights = load_target(Checkpoint.open(root / "target"))
         start = time.perf_counter()
         model = PagedModel(
-            build_target(cfg, weights, (), WeightPolicy(args.weight_format)),
+            build_paged_target(cfg, weights, (), WeightPolicy(args.weight_format)),
             kv_cache_precision="f16",
             inference_precision=args.target_precision,
             cache_mb=4096,

@@ -15,10 +15,8 @@ import openvino as ov
 from ovbuild.contract import MODEL_STEM
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.genai.target import build_genai_target
-from ovbuild.graph.hybrid_target import build_hybrid_target
-from ovbuild.graph.target import build_target
+from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.weights.hybrid import HybridTargetConfig
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -42,8 +40,7 @@ class IrFormat:
 def _paged_target(
     cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy
 ) -> dict[str, ov.Model]:
-    build = build_hybrid_target if isinstance(cfg, HybridTargetConfig) else build_target
-    return {MODEL_STEM: build(cfg, weights, taps, policy)}
+    return {MODEL_STEM: build_paged_target(cfg, weights, taps, policy)}
 
 
 def _genai_target(
