@@ -1,7 +1,8 @@
 """ovbuild against stock OpenVINO GenAI, side by side in one process, on the shipped demo pair exported both ways from
 the same weights (paged for ovbuild, --format genai for GenAI).
 
-Modes, one request at a time: ovbuild target alone, ovbuild with the draft (adaptive draft length), GenAI
+Modes, one request at a time: ovbuild target alone (exported without taps, as one runs it without a draft), ovbuild
+with the draft (adaptive draft length), GenAI
 `LLMPipeline` alone and with its DFlash `draft_model`. With 4, 16 and 32 requests at once: ovbuild alone and with the
 draft, GenAI `ContinuousBatchingPipeline` alone (GenAI's DFlash path serves one request at a time). Every round runs
 every mode once (interleaved); each ratio is taken within a round and the median over rounds is printed with its
@@ -9,7 +10,7 @@ spread. Every mode's tokens must equal ovbuild's target alone (greedy; EOS ignor
 Both sides run at the same exactness: f32 inference and the same KV cache precision.
 
 One request at a time it also prints the floor of issue 14: for each pinned draft length k, its measured mean
-acceptance length tau_k times t_target(1 row) / (t_target(k + 1 rows) + t_draft(tau_k + k + 1 rows) + t_host), each
+acceptance length tau_k times t_alone(1 row) / (t_target(k + 1 rows) + t_draft(tau_k + k + 1 rows) + t_host), each
 call time the fastest of the recent calls the runtime made with about that many rows (CallCost.fastest), host its
 per-step average; the best k is the most speculation could give on this pair and machine, and the measured ratio is
 set against it.
@@ -32,7 +33,9 @@ import openvino_genai as genai
 
 from ovbuild.demo import DEMO_PROMPTS, shipped_pair
 from ovbuild.export import export
+from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
+from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 
@@ -80,10 +83,16 @@ def scheduler_config() -> genai.SchedulerConfig:
 class Modes:
     """Every mode: a function running a list of prompts (token ids) and returning their tokens."""
 
-    def __init__(self, paged: tuple[Path, Path], genai_dirs: tuple[Path, Path], kv: str, new_tokens: int, block: int):
+    def __init__(
+        self, paged: tuple[Path, Path, Path], genai_dirs: tuple[Path, Path], kv: str, new_tokens: int, block: int
+    ):
+        """paged: the target exported for its draft (with taps), the draft, and the target exported alone."""
         self.new_tokens = new_tokens
-        target = ModelOptions(kv, "f32", EXACT_TARGET.cache_mb)
-        self.pipeline = Pipeline(*paged, RuntimeOptions(target=target))
+        options = RuntimeOptions(target=ModelOptions(kv, "f32", EXACT_TARGET.cache_mb))
+        self.pipeline = Pipeline(*paged[:2], options)
+        # "alone" is what a user without a draft runs: the target exported without taps, which cost about 10% of a
+        # 1-row call of this small target
+        self.alone = Pipeline(paged[2], None, options)
         props = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": kv}
         self.llm = genai.LLMPipeline(str(genai_dirs[0]), "CPU", scheduler_config=scheduler_config(), **props)
         draft = genai.draft_model(str(genai_dirs[1]), "CPU", INFERENCE_PRECISION_HINT="f32")
@@ -117,7 +126,7 @@ class Modes:
         batches = [prompts] if concurrent else [[p] for p in prompts]
         out = []
         for batch in batches:
-            scheduler = self.pipeline.scheduler(use_draft=use_draft)
+            scheduler = self.pipeline.scheduler() if use_draft else self.alone.scheduler()
             config = GenerationConfig(self.new_tokens, num_assistant_tokens=k)
             requests = [scheduler.add_request(p, config) for p in batch]
             scheduler.run()
@@ -155,6 +164,7 @@ def main() -> None:
         paged = (
             export(target_ckpt, tmp / "paged" / "target", draft_of=draft_ckpt, quiet=True).out,
             export(draft_ckpt, tmp / "paged" / "draft", target_model=target_ckpt, quiet=True).out,
+            export(target_ckpt, tmp / "paged" / "alone", quiet=True).out,
         )
         genai_dirs = (
             export(target_ckpt, tmp / "genai" / "target", format="genai", quiet=True).out,
@@ -193,11 +203,26 @@ def main() -> None:
                 print_floor(modes, prompts, block, statistics.median(ratios))
 
 
+def fastest_decode_call(target: PagedModel, context: int = 16, calls: int = 50) -> float:
+    """The fastest of `calls` 1-row calls of `target` after `context` cached tokens (a scratch sequence, freed)."""
+    scratch = -1
+    feed = {"input_ids": np.full(context, 5, np.int64), "position_ids": np.arange(context)}
+    target.run([SequenceRows(scratch, 0, context)], feed | {"logits_indices": np.array([context - 1])})
+    step = {"input_ids": np.array([5]), "position_ids": np.array([context]), "logits_indices": np.array([0])}
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        target.run([SequenceRows(scratch, context, 1)], step)
+        seconds.append(time.perf_counter() - start)
+    target.free(scratch)
+    return min(seconds)
+
+
 def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: float) -> None:
     """The floor of speculation one request at a time, per pinned k, from the runtime's own cost models."""
     spec = modes.pipeline.speculation
-    print("  floor, one request at a time (tau_k x t_T(1) / (t_T(k+1) + t_D(tau_k+k+1) + t_host)):")
-    t1 = spec.target_cost.fastest(1)
+    print("  floor, one request at a time (tau_k x t_alone(1) / (t_T(k+1) + t_D(tau_k+k+1) + t_host)):")
+    t1 = fastest_decode_call(modes.alone.target)
     best = 0.0
     for k in range(1, block):
         runs = []  # every prompt's totals at this k (the calls also feed the cost models)
@@ -209,7 +234,7 @@ def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: fl
         floor = tau * t1 / (verify + draft + spec.host_s)
         best = max(best, floor)
         print(
-            f"    k={k}: tau {tau:.2f}, t_T(1) {t1 * 1e3:.2f} ms, t_T({k + 1}) {verify * 1e3:.2f} ms, "
+            f"    k={k}: tau {tau:.2f}, t_alone(1) {t1 * 1e3:.2f} ms, t_T({k + 1}) {verify * 1e3:.2f} ms, "
             f"t_D({round(tau) + k + 1}) {draft * 1e3:.2f} ms, host {spec.host_s * 1e3:.2f} ms -> {floor:.2f}x"
         )
     print(f"  best floor {best:.2f}x; ovbuild draft / alone measured {measured:.2f}x = {measured / best:.0%} of it")
