@@ -131,20 +131,6 @@ def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, ri
         assert lengths[0] >= 25 and drafted.rstrip(".") == "d" * drafter.calls and drafter.calls <= 20, drafted
 
 
-class LateDrafter(SteeredDrafter):
-    """Wrong at the first proposed token of its first `misses` proposals, right ever after."""
-
-    def __init__(self, inner, misses: int):
-        super().__init__(inner, TINY_TARGET["vocab_size"], wrong_at=0)
-        self.misses = misses
-
-    def _steer(self, item, position):
-        if self.misses == 0:
-            self.wrong_at, self.wrong_rate = None, 0.0
-        self.misses = max(self.misses - 1, 0)
-        return super()._steer(item, position)
-
-
 def test_drafting_resumes_after_early_misses(models):
     """A draft wrong on its first three proposals and right ever after, at the demo pair's measured call costs
     (a draft call half a target call): the planner's estimate is optimistic while the evidence is thin, so drafting
@@ -155,7 +141,9 @@ def test_drafting_resumes_after_early_misses(models):
     alone = Scheduler(PagedModel(target_model, **F32))
     expected = alone.add_request(prompt, config)
     alone.run()
-    drafter = LateDrafter(BlockDrafter(draft_model, **F32), misses=3)
+    drafter = SteeredDrafter(
+        BlockDrafter(draft_model, **F32), TINY_TARGET["vocab_size"], wrong_rate=0.0, first_misses=3
+    )
     spec = fixed_speculation(drafter, target=(2.8e-3, 3e-5), draft=(1.4e-3, 1e-5), host_s=5e-4)
     scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec)
     request = scheduler.add_request(prompt, config)

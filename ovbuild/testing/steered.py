@@ -40,12 +40,19 @@ class SteeredDrafter(Drafter):
     token changed at a position drawn uniformly from 0..k per step (k = all correct)."""
 
     def __init__(
-        self, inner: Drafter, vocab_size: int, seed: int = 0, wrong_rate: float = 1.0, wrong_at: int | None = None
+        self,
+        inner: Drafter,
+        vocab_size: int,
+        seed: int = 0,
+        wrong_rate: float = 1.0,
+        wrong_at: int | None = None,
+        first_misses: int = 0,
     ):
         self.inner, self.vocab_size = inner, vocab_size
         self.rng = np.random.default_rng(seed)
         self.wrong_rate = wrong_rate  # chance that a step holds a wrong token at all
         self.wrong_at = wrong_at  # the wrong token's position in every step, instead of a random one
+        self.first_misses = first_misses  # proposals wrong at their first token before the rules above apply
         self.calls = 0  # draft calls made
         self.truths: dict[int, list[int]] = {}  # filled by the test as it adds requests
         self.seen: dict[int, int] = {}  # context rows handed to the draft per sequence = tokens in the target cache
@@ -91,6 +98,9 @@ class SteeredDrafter(Drafter):
         proposal += [0] * (k - known)
         wrong = int(self.rng.integers(0, k + 1)) if self.rng.random() < self.wrong_rate else k
         wrong = wrong if self.wrong_at is None else min(self.wrong_at, k)
+        if self.first_misses > 0:
+            self.first_misses -= 1
+            wrong = 0
         if wrong < k:
             proposal[wrong] = (proposal[wrong] + 1 + int(self.rng.integers(0, self.vocab_size - 1))) % self.vocab_size
         if wrong <= known:
