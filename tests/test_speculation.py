@@ -173,3 +173,32 @@ def test_the_planners_host_time_leaves_the_calibration_out(models, monkeypatch):
     m = scheduler.metrics
     assert m.calibration_s >= 0.3 and m.wall_s >= m.calibration_s + m.host_s
     assert m.host_s < 0.3 and spec.host_s < 0.05, (m.host_s, spec.host_s)
+
+
+class RecordOfMisses(Speculation):
+    """Every request arrives with a long record of misses at every position (as if it had drafted badly before)."""
+
+    def new_stats(self) -> AcceptanceStats:
+        return stats([0.0] * self.max_candidates, weight=20.0)
+
+
+def test_a_request_that_stopped_drafting_fades_back_to_the_run(models):
+    """A request whose own record says the draft misses, in a run whose record says it hits, and a draft that is in
+    fact always right: while it does not draft its record fades, every idle step, towards the run's, so drafting
+    comes back within a few dozen steps even though the planner backs off to every 8th step."""
+    target_model, draft_model = models
+    prompt, config = list(range(40, 60)), GenerationConfig(max_new_tokens=80)
+    alone = Scheduler(PagedModel(target_model, **F32))
+    expected = alone.add_request(prompt, config)
+    alone.run()
+    drafter = SteeredDrafter(BlockDrafter(draft_model, **F32), TINY_TARGET["vocab_size"], wrong_rate=0.0)
+    spec = RecordOfMisses(7, 1, fixed_cost(2.8e-3, 3e-5), fixed_cost(1.4e-3, 1e-5), host_s=5e-4, learn_host=False)
+    spec.run.reached[:], spec.run.accepted[:] = 1000.0, 900.0
+    scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec)
+    request = scheduler.add_request(prompt, config)
+    drafter.truths[request.id] = [*prompt, *expected.generated]
+    scheduler.run()
+    assert request.generated == expected.generated
+    lengths = request.metrics.draft_length_histogram
+    assert lengths[0] >= 8, lengths  # it did stop drafting first
+    assert request.metrics.num_accepted_tokens >= 30, lengths
