@@ -1,6 +1,7 @@
-"""How a call's inputs reach the infer request: InferRequest.infer(dict) against tensors bound with set_tensor and a
-bare infer(), on the shipped demo target (a 1-row decode call and an 8-row verification call) and on a model that
-does nothing with the same inputs (the binding alone). Side by side in one process, interleaved rounds, median.
+"""How a call's inputs reach the infer request: InferRequest.infer(dict) against tensors bound by input index with
+set_input_tensor and a bare infer(), on the shipped demo target (a 1-row decode call and an 8-row verification call)
+and on a model that does nothing with the same inputs (the binding alone). Side by side in one process, interleaved
+rounds, median.
 
     python bench/bench_lean_calls.py [--rounds 15] [--calls 100]
 """
@@ -38,15 +39,15 @@ def call_inputs(model: PagedModel, rows: int) -> dict[str, np.ndarray]:
     return inputs | model.cache.layout([SequenceRows(0, CONTEXT, rows)])
 
 
-def dict_infer(request: ov.InferRequest, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+def dict_infer(request: ov.InferRequest, index: dict, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
     """The previous binding: every input dispatched by InferRequest.infer's Python helpers."""
     request.infer(feeds, share_inputs=True, share_outputs=True)
 
 
-def bound_infer(request: ov.InferRequest, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
-    """PagedModel.run's binding: set_tensor over each array's memory, then a bare infer()."""
+def bound_infer(request: ov.InferRequest, index: dict, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+    """PagedModel.run's binding: a tensor over each array's memory set by input index, then a bare infer()."""
     for name, value in feeds.items():
-        request.set_tensor(name, ov.Tensor(np.require(value, dtypes.get(name), "C"), shared_memory=True))
+        request.set_input_tensor(index[name], ov.Tensor(np.require(value, dtypes.get(name), "C"), shared_memory=True))
     request.infer()
 
 
@@ -80,7 +81,8 @@ def main() -> None:
         "target 1 row": (target.request, 1),
         "target 8 rows": (target.request, 8),
     }
-    ways = {"infer(dict)": dict_infer, "set_tensor + infer()": bound_infer}
+    ways = {"infer(dict)": dict_infer, "set_input_tensor + infer()": bound_infer}
+    indices = {id(r): {p.get_any_name(): i for i, p in enumerate(r.model_inputs)} for r, _ in cases.values()}
     seconds = {(case, way): [] for case in cases for way in ways}
     for _ in range(args.rounds):
         order = list(seconds)
@@ -91,7 +93,7 @@ def main() -> None:
             times = []
             for _ in range(args.calls):
                 start = time.perf_counter()
-                ways[way](request, target.input_dtypes, feeds)
+                ways[way](request, indices[id(request)], target.input_dtypes, feeds)
                 times.append(time.perf_counter() - start)
             seconds[case, way].append(statistics.median(times))
     print(f"median over {args.rounds} rounds of the median of {args.calls} calls (ms); ratio within each round")
@@ -99,7 +101,7 @@ def main() -> None:
         a, b = (seconds[case, way] for way in ways)
         ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
         print(
-            f"  {case:<14} infer(dict) {statistics.median(a) * 1e3:7.3f}   set_tensor + infer() "
+            f"  {case:<14} infer(dict) {statistics.median(a) * 1e3:7.3f}   set_input_tensor + infer() "
             f"{statistics.median(b) * 1e3:7.3f}   dict / bound {ratio:.2f}x"
         )
 

@@ -92,12 +92,13 @@ class PagedModel:
             num_blocks = max(1, int(budget // block_bytes(self.compiled)))
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
-        # numpy dtype of every non-cache input: arrays are bound as they are when they match (no copy)
-        self.input_dtypes = {
-            port.get_any_name(): port.get_element_type().to_dtype()
-            for port in self.compiled.inputs
-            if port.get_element_type().is_static() and port.get_any_name() not in self.cache.names
-        }
+        # index and numpy dtype of every non-cache input: arrays are bound by index (a name costs a lookup per call),
+        # as they are when their dtype matches (no copy)
+        self.input_index, self.input_dtypes = {}, {}
+        for index, port in enumerate(self.compiled.inputs):
+            name = port.get_any_name()
+            if port.get_element_type().is_static() and name not in self.cache.names:
+                self.input_index[name], self.input_dtypes[name] = index, port.get_element_type().to_dtype()
 
     @property
     def cache_manager(self) -> CacheManager:
@@ -124,15 +125,19 @@ class PagedModel:
         pooled = self.states is not None and "state_rows" not in inputs
         if pooled:
             layout |= self.states.inputs(rows, state_rows)
-        # Bound as tensors over the arrays' memory, then a bare infer(): InferRequest.infer(dict) dispatches each
-        # input through Python helpers (the binding alone 0.127 -> 0.094 ms a call, the demo target's 1-row call
-        # 1.04x faster: bench/bench_lean_calls.py). Inputs live until the call returns; outputs are read before the
-        # next call.
+        # Bound by index as tensors over the arrays' memory, then a bare infer(): InferRequest.infer(dict) dispatches
+        # each input through Python helpers (bench/bench_lean_calls.py measures both ways). Inputs live until the call
+        # returns; outputs are read before the next call.
         for name, value in (inputs | layout).items():
             array = np.require(value, self.input_dtypes.get(name), "C")  # 0-d stays 0-d
-            self.request.set_tensor(name, ov.Tensor(array, shared_memory=True))
+            tensor = ov.Tensor(array, shared_memory=True)
+            index = self.input_index.get(name)
+            if index is None:
+                self.request.set_tensor(name, tensor)  # not an input of the model: OpenVINO names it in its error
+            else:
+                self.request.set_input_tensor(index, tensor)
         self.request.infer()
-        outputs = {name: self.request.get_tensor(name).data for name in self.output_names}
+        outputs = {name: self.request.get_output_tensor(i).data for i, name in enumerate(self.output_names)}
         if pooled:
             self.states.report(outputs)
         return outputs
