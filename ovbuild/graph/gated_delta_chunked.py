@@ -144,7 +144,7 @@ class _Layout:
 
 
 def _layout(grid: StepGrid, size: Output, count: Output) -> _Layout:
-    lengths = ops.reduce_sum(ops.convert(grid.valid, ov.Type.i64), i64([1]), False)  # [S]
+    lengths = grid.lengths  # [S]
     chunks = ops.divide(ops.add(lengths, ops.subtract(size, i64(1))), size)  # [S]: ⌈length / c⌉
     sequences = ops.shape_of(lengths, ov.Type.i64)  # [1]: S
     order = ops.topk(chunks, ops.squeeze(sequences, i64([0])), 0, "max", "value", ov.Type.i64).output(1)  # [S]
@@ -195,29 +195,25 @@ class _StateRows:
 def _state_rows(grid: StepGrid, size: Output, layout: _Layout) -> _StateRows:
     c = ops.squeeze(size, i64([0]))  # []
     chunk = ops.divide(grid.state_step, c)  # [Q]
-    lengths = ops.reduce_sum(ops.convert(grid.valid, ov.Type.i64), i64([1]), False)  # [S]
-    ends = ops.equal(grid.state_step, ops.gather(ops.subtract(lengths, i64(1)), grid.state_sequence, i64(0)))
+    ends = ops.equal(grid.state_step, ops.gather(ops.subtract(grid.lengths, i64(1)), grid.state_sequence, i64(0)))
     in_first = ops.equal(chunk, i64(0))  # [Q]
     inside = ops.logical_not(ends)
 
     def where(mask: Output) -> Output:
         return ops.reshape(ops.non_zero(mask), i64([-1]), False).output(0)  # [M]
 
-    def count(x: Output) -> Output:
-        return ops.gather(ops.shape_of(x, ov.Type.i64), i64(0), i64(0))  # []
-
     last, first = where(ends), where(ops.logical_and(in_first, inside))
     held = where(ops.logical_and(ops.logical_not(in_first), inside))
     rank = ops.gather(layout.rank, grid.state_sequence, i64(0))  # [Q]
     # a last row in the first chunk: the end of that chunk; else the loop's final state, at S + rank
-    sequences = count(grid.valid)  # []: S
+    sequences = _count(grid.lengths)  # []: S
     end_at = ops.select(ops.equal(chunk, i64(0)), grid.state_sequence, ops.add(sequences, rank))  # [Q]
-    firsts_at = ops.add(sequences, count(layout.later))  # []: S + M
-    held_at = ops.add(firsts_at, count(first))  # []: S + M + F
+    firsts_at = ops.add(sequences, _count(layout.later))  # []: S + M
+    held_at = ops.add(firsts_at, _count(first))  # []: S + M + F
     places = [
         ops.gather(end_at, last, i64(0)),
         ops.range(firsts_at, held_at, i64(1), ov.Type.i64),
-        ops.range(held_at, ops.add(held_at, count(held)), i64(1), ov.Type.i64),
+        ops.range(held_at, ops.add(held_at, _count(held)), i64(1), ov.Type.i64),
     ]
     zeros = ops.broadcast(i64(0), ops.shape_of(grid.state_step, ov.Type.i64))  # [Q]
     source = ops.scatter_update(zeros, ops.concat([last, first, held], 0), ops.concat(places, 0), i64(0))
@@ -230,8 +226,7 @@ def _output_rows(grid: StepGrid, size: Output, layout: _Layout) -> Output:
     sequence, step = (ops.squeeze(x, i64([1])) for x in ops.split(grid.row_cells, i64(1), 2).outputs())  # [T]
     c = ops.squeeze(size, i64([0]))  # []
     chunk, row = ops.divide(step, c), ops.floor_mod(step, c)  # [T]
-    sequences = ops.gather(ops.shape_of(grid.valid, ov.Type.i64), i64(0), i64(0))  # []: S
-    multi = ops.gather(ops.shape_of(layout.later, ov.Type.i64), i64(0), i64(0))  # []: M
+    sequences, multi = _count(grid.lengths), _count(layout.later)  # []: S, M
     rank = ops.gather(layout.rank, sequence, i64(0))  # [T]
     later = ops.add(
         ops.multiply(sequences, c), ops.multiply(ops.add(ops.multiply(ops.subtract(chunk, i64(1)), multi), rank), c)
@@ -274,9 +269,9 @@ def _round_loop(
     taken = ops.gather(small["active"], at_round, i64(0))  # [1]: A_j
     begin = ops.gather(small["offset"], at_round, i64(0))  # [1]
     # rank r < A_j takes its chunk j, the others the chunk of no rows (the last): all M run, none moves
-    multi = ops.gather(ops.shape_of(carried, ov.Type.i64), i64(0), i64(0))  # []: M
+    multi = _count(carried)  # []: M
     ranks = ops.range(i64(0), multi, i64(1), ov.Type.i64)  # [M]
-    nothing = ops.subtract(ops.gather(ops.shape_of(body_in["writes"], ov.Type.i64), i64(0), i64(0)), i64(1))  # []
+    nothing = ops.subtract(_count(body_in["writes"]), i64(1))  # []: the last chunk, of no rows
     picked = ops.select(ops.less(ranks, taken), ops.add(begin, ranks), nothing)  # [M]
     x = {name: ops.gather(body_in[name], picked, i64(0)) for name in _ROUND}  # round j's chunks: [M, Hv, ...]
     out, u, end = _chunk_step(*(x[name] for name in _ROUND), carried)  # [M, Hv, c, Dv], …, [M, Hv, Dk, Dv]
@@ -293,8 +288,8 @@ def _round_loop(
     go_on = ops.constant(np.bool_(True))
     params = [*body_in.values(), carried, held, iteration, *small.values()]
     results = [ops.result(go_on), ops.result(end), ops.result(held_new), ops.result(out)]
-    trips = ops.gather(ops.shape_of(layout.active, ov.Type.i64), i64(0), i64(0))  # []: R
-    node = Loop(trips.output(0), ops.constant(np.bool_(True)).output(0))
+    trips = _count(layout.active)  # []: R
+    node = Loop(trips, ops.constant(np.bool_(True)).output(0))
     node.set_function(ov.Model(results, params, f"{at}/round"))
     node.set_special_body_ports([params.index(iteration), 0])
     for name, value in tensors.items():
@@ -355,6 +350,11 @@ def _unit_lower_inverse(lower: Output, rounds: list[Output]) -> Output:
         else:
             inverse = ops.subtract(inverse, ops.matmul(ops.matmul(inverse, joins, False, False), inverse, False, False))
     return _eye_like(lower) if inverse is None else inverse
+
+
+def _count(x: Output) -> Output:
+    """x's leading dimension, as a scalar i64."""
+    return ops.gather(ops.shape_of(x, ov.Type.i64), i64(0), i64(0)).output(0)
 
 
 def _eye_like(x: Output) -> Output:

@@ -16,7 +16,7 @@ class StepGrid:
     """Where packed rows sit on the [S, L] grid of one call; built once, shared by every linear layer."""
 
     cells: Output  # [S, L] i64: packed row at (sequence, step); past a sequence's end, its last row again
-    valid: Output  # [S, L] boolean: the cell holds a row of its sequence (false past the sequence's end)
+    lengths: Output  # [S] i64: rows of each sequence (cells past them are not real)
     steps: Output  # [1] i64: L
     row_cells: Output  # [T, 2] i64: (sequence, step) of each packed row
     state_sequence: Output  # [Q] i64: sequence of each state row
@@ -41,10 +41,9 @@ def step_grid(subsequence_begins: Output, state_rows: Output, rows_like: Output)
     sequence = ops.reduce_sum(ops.convert(after, ov.Type.i64), i64([1]), False)  # [T]
     row_step = ops.subtract(row, ops.gather(starts, sequence, i64(0)))  # [T]
     row_cells = ops.concat([ops.unsqueeze(sequence, i64([1])), ops.unsqueeze(row_step, i64([1]))], 1)  # [T, 2]
-    valid = ops.less(ops.unsqueeze(step, i64([0])), ops.unsqueeze(lengths, i64([1])))  # [S, L]
     return StepGrid(
         named(cells, "linear_attention/grid/cells"),
-        named(valid, "linear_attention/grid/valid"),
+        named(lengths, "linear_attention/grid/lengths"),
         named(steps, "linear_attention/grid/steps"),
         named(row_cells, "linear_attention/grid/row_cells"),
         named(ops.gather(sequence, state_rows, i64(0)), "linear_attention/grid/state_sequence"),
