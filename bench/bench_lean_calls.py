@@ -24,7 +24,7 @@ from ovbuild.export import export
 from ovbuild.graph.ir import core, read_ir
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.paged_model import PagedModel, bind_inputs
 
 CONTEXT = 48  # tokens in the cache before each timed call
 
@@ -45,9 +45,8 @@ def dict_infer(request: ov.InferRequest, index: dict, dtypes: dict, feeds: dict[
 
 
 def bound_infer(request: ov.InferRequest, index: dict, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
-    """PagedModel.run's binding: a tensor over each array's memory set by input index, then a bare infer()."""
-    for name, value in feeds.items():
-        request.set_input_tensor(index[name], ov.Tensor(np.require(value, dtypes.get(name), "C"), shared_memory=True))
+    """PagedModel.run's binding (bind_inputs), then a bare infer()."""
+    bind_inputs(request, index, dtypes, feeds)
     request.infer()
 
 

@@ -125,17 +125,8 @@ class PagedModel:
         pooled = self.states is not None and "state_rows" not in inputs
         if pooled:
             layout |= self.states.inputs(rows, state_rows)
-        # Bound by index as tensors over the arrays' memory, then a bare infer(): InferRequest.infer(dict) dispatches
-        # each input through Python helpers (bench/bench_lean_calls.py measures both ways). Inputs live until the call
-        # returns; outputs are read before the next call.
-        for name, value in (inputs | layout).items():
-            array = np.require(value, self.input_dtypes.get(name), "C")  # 0-d stays 0-d
-            tensor = ov.Tensor(array, shared_memory=True)
-            index = self.input_index.get(name)
-            if index is None:
-                self.request.set_tensor(name, tensor)  # not an input of the model: OpenVINO names it in its error
-            else:
-                self.request.set_input_tensor(index, tensor)
+        # Inputs live until the call returns; outputs are read before the next call.
+        bind_inputs(self.request, self.input_index, self.input_dtypes, inputs | layout)
         self.request.infer()
         outputs = {name: self.request.get_output_tensor(i).data for i, name in enumerate(self.output_names)}
         if pooled:
@@ -145,6 +136,20 @@ class PagedModel:
     def free(self, seq_id: int) -> None:
         """Return the sequence's cache blocks (and its state slot)."""
         self.cache_manager.free(seq_id)
+
+
+def bind_inputs(
+    request: ov.InferRequest, index: dict[str, int], dtypes: dict[str, np.dtype], feeds: dict[str, np.ndarray]
+) -> None:
+    """Set each array as the input of its name: a tensor over the array's memory (converted only if its dtype is not
+    the input's), set by input index. InferRequest.infer(dict) dispatches each input through Python helpers and a name
+    costs a lookup per input per call (bench/bench_lean_calls.py measures both ways)."""
+    for name, value in feeds.items():
+        tensor = ov.Tensor(np.require(value, dtypes.get(name), "C"), shared_memory=True)  # 0-d stays 0-d
+        if name in index:
+            request.set_input_tensor(index[name], tensor)
+        else:
+            request.set_tensor(name, tensor)  # not an input of the model: OpenVINO names it in its error
 
 
 def block_bytes(compiled: ov.CompiledModel) -> int:

@@ -16,14 +16,17 @@ def fixed_cost(seconds_per_call: float, seconds_per_row: float) -> CallCost:
 
 
 def fixed_speculation(
-    drafter: Drafter,
+    drafter: Drafter | None,
     target: tuple[float, float] = (1e-3, 1e-5),
     draft: tuple[float, float] = (1e-4, 1e-5),
     host_s: float = 1e-4,
-) -> Speculation:
+) -> Speculation | None:
     """A planner for `drafter` whose costs never change: (seconds per call, seconds per row) of each model and the
     host's seconds per step. The defaults are a memory-bound target and a cheap draft, where drafting pays as soon
-    as the draft is often right (it is calibrated already, so no timed calls run either)."""
+    as the draft is often right (it is calibrated already, so no timed calls run either). None for no drafter (the
+    target alone plans nothing), as the Scheduler takes it."""
+    if drafter is None:
+        return None
     return Speculation(
         drafter.max_candidates,
         drafter.candidate_offset,
