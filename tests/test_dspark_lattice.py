@@ -211,7 +211,7 @@ def test_lattice_mode_is_lossless_and_report_both_modes_acceptance(kind, models)
     config = GenerationConfig(max_new_tokens=20)
 
     def run(drafter):
-        speculation = fixed_speculation(drafter) if drafter else None  # it drafts whatever the machine's load
+        speculation = fixed_speculation(drafter)  # it drafts whatever the machine's load
         target = PagedModel(models["target"], num_blocks=64, **F32)
         scheduler = Scheduler(target, drafter, max_num_batched_tokens=64, speculation=speculation)
         requests = [scheduler.add_request(p, config) for p in prompts]

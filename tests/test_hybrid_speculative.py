@@ -45,7 +45,7 @@ def make(hybrid, with_draft: bool, steer_seed: int | None = None, slots: int | N
     drafter = BlockDrafter(draft_ir, num_blocks=64, **F32) if with_draft else None
     if drafter is not None and steer_seed is not None:
         drafter = SteeredDrafter(drafter, VOCAB, seed=steer_seed)
-    speculation = fixed_speculation(drafter) if drafter is not None else None  # plans independent of the load
+    speculation = fixed_speculation(drafter)  # plans independent of the load
     return Scheduler(target, drafter, max_num_batched_tokens=budget, trace=True, speculation=speculation)
 
 

@@ -44,7 +44,7 @@ def make_scheduler(
     drafter = BlockDrafter(draft_model, num_blocks=draft_blocks, **F32) if with_draft else None
     if drafter is not None and steer_seed is not None:
         drafter = SteeredDrafter(drafter, VOCAB, seed=steer_seed)
-    speculation = fixed_speculation(drafter) if drafter is not None else None
+    speculation = fixed_speculation(drafter)
     return Scheduler(
         target, drafter, max_num_batched_tokens=max_num_batched_tokens, trace=True, speculation=speculation
     )
@@ -202,7 +202,7 @@ def test_default_runtime_options_are_exact(models, kv):
 
     def scheduler(drafter):
         target = PagedModel(target_model, "CPU", precision, EXACT_TARGET.inference_precision)
-        return Scheduler(target, drafter, speculation=fixed_speculation(drafter) if drafter else None)
+        return Scheduler(target, drafter, speculation=fixed_speculation(drafter))
 
     alone = run(scheduler(None), arrivals)
     steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
