@@ -1,7 +1,9 @@
-"""How a call's inputs reach the infer request: InferRequest.infer(dict) against tensors bound by input index with
-set_input_tensor and a bare infer(), on the shipped demo target (a 1-row decode call and an 8-row verification call)
+"""How a call's inputs reach the infer request and its outputs come back, three ways: InferRequest.infer(dict); new
+tensors set by input index and a bare infer() (PagedModel.run until stop 24); and PagedModel.run's InputBinder, which
+writes a call's inputs into the buffers already bound when their shapes are the previous call's, then start_async +
+wait (infer() copies every output). On the shipped demo target (a 1-row decode call and an 8-row verification call)
 and on a model that does nothing with the same inputs (the binding alone). Side by side in one process, interleaved
-rounds, median.
+rounds in shuffled order, median.
 
     python bench/bench_lean_calls.py [--rounds 15] [--calls 100]
 """
@@ -22,9 +24,10 @@ import openvino.opset16 as ops
 from ovbuild.demo import shipped_pair
 from ovbuild.export import export
 from ovbuild.graph.ir import core, read_ir
+from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
-from ovbuild.runtime.paged_model import PagedModel, bind_inputs
+from ovbuild.runtime.paged_model import PagedModel
 
 CONTEXT = 48  # tokens in the cache before each timed call
 
@@ -39,15 +42,24 @@ def call_inputs(model: PagedModel, rows: int) -> dict[str, np.ndarray]:
     return inputs | model.cache.layout([SequenceRows(0, CONTEXT, rows)])
 
 
-def dict_infer(request: ov.InferRequest, index: dict, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
-    """The previous binding: every input dispatched by InferRequest.infer's Python helpers."""
+def dict_infer(request: ov.InferRequest, binder: InputBinder, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+    """Every input dispatched by InferRequest.infer's Python helpers."""
     request.infer(feeds, share_inputs=True, share_outputs=True)
 
 
-def bound_infer(request: ov.InferRequest, index: dict, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
-    """PagedModel.run's binding (bind_inputs), then a bare infer()."""
-    bind_inputs(request, index, dtypes, feeds)
+def tensors_infer(request: ov.InferRequest, binder: InputBinder, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+    """PagedModel.run's previous binding: a new tensor per input set by index, then infer() (which copies outputs)."""
+    for name, value in feeds.items():
+        tensor = ov.Tensor(np.require(value, dtypes[name], "C"), shared_memory=True)
+        request.set_input_tensor(binder.index[name], tensor)
     request.infer()
+
+
+def binder_infer(request: ov.InferRequest, binder: InputBinder, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+    """PagedModel.run's binding and call."""
+    binder.bind(feeds)
+    request.start_async()
+    request.wait()
 
 
 def empty_request(like: PagedModel) -> ov.InferRequest:
@@ -55,7 +67,7 @@ def empty_request(like: PagedModel) -> ov.InferRequest:
     params = [
         ops.parameter(port.get_partial_shape(), port.get_element_type(), name=port.get_any_name())
         for port in like.compiled.inputs
-        if port.get_any_name() in like.input_dtypes
+        if port.get_any_name() in like.binder.index
     ]
     sums = [ops.reduce_sum(ops.convert(p, ov.Type.f32), ops.constant(np.zeros(0, np.int64)), False) for p in params]
     results = [ops.result(ops.shape_of(s)) for s in sums]  # every input is consumed, nothing is computed
@@ -80,8 +92,12 @@ def main() -> None:
         "target 1 row": (target.request, 1),
         "target 8 rows": (target.request, 8),
     }
-    ways = {"infer(dict)": dict_infer, "set_input_tensor + infer()": bound_infer}
-    indices = {id(r): {p.get_any_name(): i for i, p in enumerate(r.model_inputs)} for r, _ in cases.values()}
+    ways = {
+        "infer(dict)": dict_infer,
+        "tensors + infer()": tensors_infer,
+        "InputBinder + start_async/wait": binder_infer,
+    }
+    dtypes = {name: target.binder.dtypes[i] for name, i in target.binder.index.items()}
     seconds = {(case, way): [] for case in cases for way in ways}
     for _ in range(args.rounds):
         order = list(seconds)
@@ -89,20 +105,22 @@ def main() -> None:
         for case, way in order:
             request, rows = cases[case]
             feeds = call_inputs(target, rows)
+            # a new binder each time: the other ways set tensors behind the previous one's back
+            binder = InputBinder(request, request.model_inputs, set(target.cache.names))
             times = []
             for _ in range(args.calls):
                 start = time.perf_counter()
-                ways[way](request, indices[id(request)], target.input_dtypes, feeds)
+                ways[way](request, binder, dtypes, feeds)
                 times.append(time.perf_counter() - start)
             seconds[case, way].append(statistics.median(times))
-    print(f"median over {args.rounds} rounds of the median of {args.calls} calls (ms); ratio within each round")
+    print(f"median over {args.rounds} rounds of the median of {args.calls} calls (ms); ratios within each round")
     for case in cases:
-        a, b = (seconds[case, way] for way in ways)
-        ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
-        print(
-            f"  {case:<14} infer(dict) {statistics.median(a) * 1e3:7.3f}   set_input_tensor + infer() "
-            f"{statistics.median(b) * 1e3:7.3f}   dict / bound {ratio:.2f}x"
-        )
+        a, b, c = (seconds[case, way] for way in ways)
+        line = "   ".join(f"{way} {statistics.median(seconds[case, way]) * 1e3:.3f}" for way in ways)
+        print(f"  {case:<14} {line}")
+        for name, base in (("infer(dict)", a), ("tensors + infer()", b)):
+            ratio = statistics.median(x / y for x, y in zip(base, c, strict=True))
+            print(f"  {'':<14} {name} / InputBinder + start_async/wait: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import openvino as ov
 from ovbuild.contract import gpu_activations_scale_factor
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
+from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 from ovbuild.runtime.state_pool import StatePool, state_specs
@@ -92,13 +93,7 @@ class PagedModel:
             num_blocks = max(1, int(budget // block_bytes(self.compiled)))
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
-        # index and numpy dtype of every non-cache input: arrays are bound by index (a name costs a lookup per call),
-        # as they are when their dtype matches (no copy)
-        self.input_index, self.input_dtypes = {}, {}
-        for index, port in enumerate(self.compiled.inputs):
-            name = port.get_any_name()
-            if port.get_element_type().is_static() and name not in self.cache.names:
-                self.input_index[name], self.input_dtypes[name] = index, port.get_element_type().to_dtype()
+        self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
 
     @property
     def cache_manager(self) -> CacheManager:
@@ -125,9 +120,11 @@ class PagedModel:
         pooled = self.states is not None and "state_rows" not in inputs
         if pooled:
             layout |= self.states.inputs(rows, state_rows)
-        # Inputs live until the call returns; outputs are read before the next call.
-        bind_inputs(self.request, self.input_index, self.input_dtypes, inputs | layout)
-        self.request.infer()
+        self.binder.bind(inputs | layout)
+        # InferRequest.infer() copies every output into a new array (logits: rows x vocab floats); start_async + wait
+        # runs the same call and the outputs are read in place below, valid until the next call
+        self.request.start_async()
+        self.request.wait()
         outputs = {name: self.request.get_output_tensor(i).data for i, name in enumerate(self.output_names)}
         if pooled:
             self.states.report(outputs)
@@ -136,20 +133,6 @@ class PagedModel:
     def free(self, seq_id: int) -> None:
         """Return the sequence's cache blocks (and its state slot)."""
         self.cache_manager.free(seq_id)
-
-
-def bind_inputs(
-    request: ov.InferRequest, index: dict[str, int], dtypes: dict[str, np.dtype], feeds: dict[str, np.ndarray]
-) -> None:
-    """Set each array as the input of its name: a tensor over the array's memory (converted only if its dtype is not
-    the input's), set by input index. InferRequest.infer(dict) dispatches each input through Python helpers and a name
-    costs a lookup per input per call (bench/bench_lean_calls.py measures both ways)."""
-    for name, value in feeds.items():
-        tensor = ov.Tensor(np.require(value, dtypes.get(name), "C"), shared_memory=True)  # 0-d stays 0-d
-        if name in index:
-            request.set_input_tensor(index[name], tensor)
-        else:
-            request.set_tensor(name, tensor)  # not an input of the model: OpenVINO names it in its error
 
 
 def block_bytes(compiled: ov.CompiledModel) -> int:

@@ -1,0 +1,49 @@
+"""Binding a call's arrays to an infer request's inputs, at the least host cost per call."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+
+# Arrays up to this size are copied into buffers the binder keeps bound between calls; larger ones (a hybrid
+# target's states) are bound over their own memory, as a copy would cost more than the bind it saves.
+REUSE_BYTES = 1 << 16
+
+
+class InputBinder:
+    """Sets arrays as an infer request's inputs by input index. A small input whose shape is the previous call's
+    is written into the buffer already bound to it: no tensor is made and nothing is set (a decode step's inputs
+    keep their shapes from call to call; bench/bench_lean_calls.py measures it)."""
+
+    def __init__(self, request: ov.InferRequest, inputs: list[ov.Output], skip: set[str] = frozenset()):
+        """inputs: the compiled model's inputs; `skip`: names bound elsewhere (the KV cache)."""
+        self.request = request
+        self.index: dict[str, int] = {}
+        self.dtypes: dict[int, np.dtype] = {}
+        for i, port in enumerate(inputs):
+            name = port.get_any_name()
+            if port.get_element_type().is_static() and name not in skip:
+                self.index[name], self.dtypes[i] = i, port.get_element_type().to_dtype()
+        self._held: dict[int, np.ndarray] = {}  # the buffer bound to each input, when the binder owns it
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> None:
+        """Bind each array to the input of its name. Small arrays are copied: the caller may change them once this
+        returns; a large one must stay as it is until the call returns."""
+        for name, value in feeds.items():
+            i = self.index.get(name)
+            if i is None:  # not an input of the model: OpenVINO names it in its error
+                self.request.set_tensor(name, ov.Tensor(np.ascontiguousarray(value), shared_memory=True))
+                continue
+            held = self._held.get(i)
+            if held is not None and held.shape == np.shape(value):
+                held[...] = value  # the bound tensor reads this memory at infer()
+                continue
+            value = np.asarray(value)
+            small = value.size * self.dtypes[i].itemsize <= REUSE_BYTES
+            # a small array is copied (the caller's array may change after the call); a large one is bound in place
+            array = np.array(value, self.dtypes[i], order="C") if small else np.require(value, self.dtypes[i], "C")
+            self.request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))  # 0-d stays 0-d
+            if small:
+                self._held[i] = array
+            else:
+                self._held.pop(i, None)
