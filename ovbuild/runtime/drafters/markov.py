@@ -71,6 +71,7 @@ class MarkovDrafter(BlockDrafter):
             "candidate_begins": candidate_begins.astype(np.int32),
         }
         start = time.perf_counter()
-        result = self.head.infer({k: v for k, v in inputs.items() if k in self.head_inputs})
+        # shared inputs: infer() would otherwise copy the backbone's logits (rows x vocab) into the head's request
+        result = self.head.infer({k: v for k, v in inputs.items() if k in self.head_inputs}, share_inputs=True)
         self.infer_s += time.perf_counter() - start
         return {port.get_any_name(): value for port, value in result.items()}
