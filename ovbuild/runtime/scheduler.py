@@ -172,15 +172,18 @@ class Scheduler:
         batch = self._target_batch()
         if not batch:
             return []
-        rows, ids, positions, wanted, state_rows = [], [], [], [], []
+        rows, ids, positions, wanted = [], [], [], []
+        state_rows = [] if self.states is not None else None
         for request, tokens, want in batch:
             begin = len(ids)
             rows.append(SequenceRows(request.id, request.target_len, len(tokens)))
-            # states after every verification row (the last accepted one is kept), after a prompt chunk's last row
-            state_rows.append(list(range(len(tokens))) if request.status is Status.DECODE else [len(tokens) - 1])
-            ids.extend(tokens)
-            positions.extend(range(request.target_len, request.target_len + len(tokens)))
-            wanted.extend(begin + w for w in want)
+            if state_rows is not None:
+                # states after every verification row (the last accepted one is kept), after a prompt chunk's last row
+                decoding = request.status is Status.DECODE
+                state_rows.append(list(range(len(tokens))) if decoding else [len(tokens) - 1])
+            ids += tokens
+            positions += range(request.target_len, request.target_len + len(tokens))
+            wanted += [begin + w for w in want]
         start = time.perf_counter()
         out = self.target.run(
             rows,
@@ -197,12 +200,12 @@ class Scheduler:
             self.speculation.target_cost.observe(len(ids), seconds)
         greedy = out["greedy_ids"]  # [R], the argmax computed inside the graph
         logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
-        hidden = out.get("hidden_states")
-        if hidden is not None and self.drafter is not None:
+        hidden = out.get("hidden_states") if self.drafter is not None else None
+        if hidden is not None:
             hidden = hidden.copy()  # one copy per call: the requests keep slices of it for the draft
         done, row, logit_row = [], 0, 0
         for request, tokens, want in batch:
-            taps = hidden[row : row + len(tokens)] if hidden is not None and self.drafter is not None else None
+            taps = hidden[row : row + len(tokens)] if hidden is not None else None
             rows = slice(logit_row, logit_row + len(want))
             if request.status is Status.PREFILL:
                 self._prefilled(request, tokens, taps, greedy[rows], logits[rows])

@@ -62,6 +62,7 @@ class CallCost:
         self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's estimate
         self.seconds = np.zeros(len(BUCKETS))
         self.seen = np.zeros(len(BUCKETS), bool)
+        self._stale: set[int] = set()  # buckets with calls not yet in their median (taken when a plan asks)
         self._fit: tuple[np.ndarray, np.ndarray] | None = None  # (rows, seconds) of the monotone curve, when current
 
     @property
@@ -73,13 +74,13 @@ class CallCost:
         if rows <= 0:
             return
         b = bisect.bisect_left(_BUCKET_EDGES, rows)
-        recent = self.recent[b]
         if self.seen[b] and self.window == 0:
             return
+        recent = self.recent[b]
         recent.append((rows, seconds))
         del recent[: -max(self.window, 1)]
-        rows_, seconds_ = sorted(recent, key=lambda call: call[1])[len(recent) // 2]  # the median call
-        self.rows[b], self.seconds[b], self.seen[b] = rows_, seconds_, True
+        self.seen[b] = True
+        self._stale.add(b)
         self._fit = None
 
     def fastest(self, rows: int) -> float:
@@ -90,6 +91,10 @@ class CallCost:
     def __call__(self, rows: np.ndarray | int) -> np.ndarray:
         """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
         if self._fit is None:
+            for b in self._stale:
+                recent = self.recent[b]
+                self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[len(recent) // 2]  # median
+            self._stale.clear()
             calls = np.array([len(r) for r in self.recent], np.float64)[self.seen]
             self._fit = self.rows[self.seen], _monotone(self.seconds[self.seen], np.maximum(calls, 1))
         x, y = self._fit  # buckets in increasing rows
