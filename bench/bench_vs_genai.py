@@ -2,11 +2,11 @@
 the same weights (paged for ovbuild, --format genai for GenAI).
 
 Modes, one request at a time: ovbuild target alone (exported without taps, as one runs it without a draft), ovbuild
-with the draft (adaptive draft length), GenAI
-`LLMPipeline` alone and with its DFlash `draft_model`. With 4, 16 and 32 requests at once: ovbuild alone and with the
-draft, GenAI `ContinuousBatchingPipeline` alone (GenAI's DFlash path serves one request at a time). Every round runs
-every mode once (interleaved); each ratio is taken within a round and the median over rounds is printed with its
-spread. Every mode's tokens must equal ovbuild's target alone (greedy; EOS ignored so that all run the same length).
+with the draft (adaptive draft length), GenAI `LLMPipeline` alone and with its DFlash `draft_model`. With 4, 16 and 32
+requests at once: ovbuild alone and with the draft, GenAI `ContinuousBatchingPipeline` alone (GenAI's DFlash path
+serves one request at a time). Every round runs every mode once, interleaved in a new random order each round; each
+ratio is taken within a round and the median over rounds is printed with its spread. Every mode's tokens must equal
+ovbuild's target alone (greedy; EOS ignored so that all run the same length).
 Both sides run at the same exactness: f32 inference and the same KV cache precision.
 
 One request at a time it also prints the floor of issue 14: for each pinned draft length k, its measured mean
@@ -25,6 +25,7 @@ import json
 import statistics
 import tempfile
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,7 @@ class Modes:
         self.draft_config.max_new_tokens, self.draft_config.ignore_eos = new_tokens, True
         self.draft_config.num_assistant_tokens = block - 1  # the trained block (GenAI's default is 5)
         self.last_metrics = None
+        self.draft_lengths: list[int] = []  # decode steps that drafted 0, 1, 2, ... tokens, summed over runs
 
     def runs(self, prompts: list[list[int]], concurrent: bool) -> dict:
         """The modes to compare for these prompts, by name: one request at a time or all at once."""
@@ -132,6 +134,7 @@ class Modes:
             scheduler.run()
             out += [r.generated for r in requests]
             self.last_metrics = scheduler.metrics
+            self.draft_lengths = _add(self.draft_lengths, scheduler.metrics.requests.draft_length_histogram)
         return out
 
     def genai_llm(self, prompts: list[list[int]], use_draft: bool) -> list[list[int]]:
@@ -142,6 +145,11 @@ class Modes:
         tensors = [ov.Tensor(np.array([p], np.int64)) for p in prompts]
         results = self.cb.generate(tensors, [self.config] * len(prompts))
         return [list(r.m_generation_ids[0]) for r in results]
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    """Two histograms added bin by bin."""
+    return [x + y for x, y in zip_longest(a, b, fillvalue=0)]
 
 
 def timed(run) -> tuple[float, list[list[int]]]:
@@ -173,6 +181,7 @@ def main() -> None:
         block = int(json.loads((draft_ckpt / "config.json").read_text())["block_size"])
         modes = Modes(paged, genai_dirs, args.kv_cache_precision, args.new_tokens, block)
         encode = modes.pipeline.encode
+        rng = np.random.default_rng(0)
         print(
             f"demo pair, {args.new_tokens} new tokens per request (EOS ignored), f32 inference, "
             f"{args.kv_cache_precision} KV cache on both sides, {args.rounds} rounds interleaved"
@@ -183,21 +192,21 @@ def main() -> None:
             for run in runs.values():  # warm-up: first-call allocations and shape compilations stay out
                 run()
             seconds: dict[str, list[float]] = {name: [] for name in runs}
-            lengths: list = []
+            reference = runs["ovbuild alone"]()
+            modes.draft_lengths = []
             for _ in range(args.rounds):
-                reference = None
-                for name, run in runs.items():
-                    s, tokens = timed(run)
+                # a new order every round: a mode always run after the same neighbour would carry that neighbour's
+                # effect on caches and clocks into every ratio
+                for name in rng.permutation(list(runs)):
+                    s, tokens = timed(runs[name])
                     seconds[name].append(s)
-                    if name == "ovbuild alone":
-                        reference = tokens
-                    elif tokens != reference:
+                    if tokens != reference:
                         same = sum(a == b for a, b in zip(tokens, reference, strict=True))
                         raise SystemExit(f"{name}: {same}/{len(tokens)} requests equal ovbuild's target alone")
-                    if name == "ovbuild draft":
-                        lengths.append(modes.last_metrics.requests.draft_length_histogram)
             report(n, len(prompts), args.new_tokens, seconds)
-            print(f"    ovbuild draft lengths chosen (last round, decode steps drafting 0, 1, ...): {lengths[-1]}")
+            print(
+                f"    ovbuild draft lengths chosen (all rounds, decode steps drafting 0, 1, ...): {modes.draft_lengths}"
+            )
             if n == 1:
                 ratios = [a / d for a, d in zip(seconds["ovbuild alone"], seconds["ovbuild draft"], strict=True)]
                 print_floor(modes, prompts, block, statistics.median(ratios))

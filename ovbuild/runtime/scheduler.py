@@ -198,7 +198,7 @@ class Scheduler:
         self.metrics.target_infer_s += seconds
         if self.speculation is not None:
             self.speculation.target_cost.observe(len(ids), seconds)
-        greedy = out["greedy_ids"]  # [R], the argmax computed inside the graph
+        greedy = out["greedy_ids"].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
         logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
         hidden = out.get("hidden_states") if self.drafter is not None else None
         if hidden is not None:
@@ -234,7 +234,7 @@ class Scheduler:
                 budget -= n
         return batch
 
-    def _prefilled(self, request: Request, chunk: list[int], taps, greedy: np.ndarray, logits: np.ndarray) -> None:
+    def _prefilled(self, request: Request, chunk: list[int], taps, greedy: list[int], logits: np.ndarray) -> None:
         request.target_len += len(chunk)
         if self.states is not None:
             self.states.keep(request.id, len(chunk) - 1)
@@ -244,16 +244,16 @@ class Scheduler:
             request.status = Status.DECODE
             request.metrics.first_token_time = time.perf_counter()
             sampling = request.config.sampling
-            first = [int(greedy[-1])] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
+            first = [greedy[-1]] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
             self._commit(request, first)
 
-    def _verify(self, request: Request, greedy: np.ndarray, taps, logits: np.ndarray) -> None:
+    def _verify(self, request: Request, greedy: list[int], taps, logits: np.ndarray) -> None:
         proposal, sampling = request.proposal, request.config.sampling
         if sampling is None:
             accepted = 0
             while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:
                 accepted += 1
-            committed = [*proposal[:accepted], int(greedy[accepted])]
+            committed = [*proposal[:accepted], greedy[accepted]]
         else:
             q = getattr(proposal, "q", None)  # a sampled Proposal's draft distributions; else point masses
             committed = verify_sampled(logits, list(proposal), q, sampling, len(request.generated))

@@ -93,32 +93,30 @@ class BlockDrafter(Drafter):
         self, items: list[DraftItem], rows: list[SequenceRows], blocks: list[int]
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Packed per-row inputs: [context rows (type 0) ; block rows (type 1)] per sequence."""
-        total = sum(r.num_rows for r in rows)
-        ids = np.full(total, self.mask_token_id, np.int64)
-        token_types = np.zeros(total, np.int32)
-        hidden = np.zeros((total, self.tap_width), np.float32)
-        positions = np.empty(total, np.int64)
-        candidates, candidate_begins = [], [0]
-        start = 0
+        # Lists, one array per input at the end: a step packs a few rows per sequence, where numpy's per-call
+        # overhead costs more than the work.
+        mask, offset = self.mask_token_id, self.candidate_offset
+        ids, token_types, positions, candidates, candidate_begins = [], [], [], [], [0]
+        hidden = np.zeros((sum(r.num_rows for r in rows), self.tap_width), np.float32)
         for item, r, block in zip(items, rows, blocks, strict=True):
-            n_ctx = _rows(item.context)
-            positions[start : start + r.num_rows] = np.arange(r.past_len, r.past_len + r.num_rows)
+            n_ctx = r.num_rows - block
             if n_ctx:
-                hidden[start : start + n_ctx] = item.context
-            first_block_row = start + n_ctx
+                hidden[len(ids) : len(ids) + n_ctx] = item.context
+            positions += range(r.past_len, r.past_len + r.num_rows)
+            token_types += [0] * n_ctx + [1] * block
             if block:
-                ids[first_block_row] = item.anchor
-                token_types[first_block_row : first_block_row + block] = 1
+                ids += [mask] * n_ctx + [item.anchor] + [mask] * (block - 1)
                 # the block's rows see each other; only the candidate rows reach the lm_head
-                first = first_block_row + self.candidate_offset
-                candidates.extend(range(first, first + item.num_tokens))
+                first = len(ids) - block + offset
+                candidates += range(first, first + item.num_tokens)
+            else:
+                ids += [mask] * n_ctx
             candidate_begins.append(len(candidates))
-            start += r.num_rows
         inputs = {
-            "input_ids": ids,
-            "token_type_ids": token_types,
+            "input_ids": np.array(ids, np.int64),
+            "token_type_ids": np.array(token_types, np.int32),
             "hidden_states": hidden,
-            "position_ids": positions,
+            "position_ids": np.array(positions, np.int64),
             "candidate_indices": np.array(candidates, np.int64),
         }
         return inputs, np.array(candidate_begins)
