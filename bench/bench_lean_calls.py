@@ -1,9 +1,9 @@
-"""How a call's inputs reach the infer request and its outputs come back, three ways: InferRequest.infer(dict); new
-tensors set by input index and a bare infer() (PagedModel.run until stop 24); and PagedModel.run's InputBinder, which
-writes a call's inputs into the buffers already bound when their shapes are the previous call's, then start_async +
-wait (infer() copies every output). On the shipped demo target (a 1-row decode call and an 8-row verification call)
-and on a model that does nothing with the same inputs (the binding alone). Side by side in one process, interleaved
-rounds in shuffled order, median.
+"""How a call's inputs reach the infer request and its outputs come back: InferRequest.infer(dict); new tensors set by
+input index and a bare infer() (PagedModel.run until stop 24); and PagedModel.run's InputBinder, which writes a call's
+inputs into the buffers already bound when their shapes are the previous call's, then either start_async + wait or
+infer(share_outputs=True), PagedModel.run's way (a bare infer() copies every output). On the shipped demo target (a
+1-row decode call and an 8-row verification call) and on a model that does nothing with the same inputs (the binding
+alone). Side by side in one process, interleaved rounds in shuffled order, median.
 
     python bench/bench_lean_calls.py [--rounds 15] [--calls 100]
 """
@@ -56,7 +56,13 @@ def tensors_infer(request: ov.InferRequest, binder: InputBinder, dtypes: dict, f
 
 
 def binder_infer(request: ov.InferRequest, binder: InputBinder, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
-    """PagedModel.run's binding and call."""
+    """PagedModel.run's binding and call (outputs as views)."""
+    binder.bind(feeds)
+    request.infer(share_outputs=True).to_tuple()
+
+
+def binder_async(request: ov.InferRequest, binder: InputBinder, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
+    """The binding, then start_async + wait, which copies no output either but hands the call to another thread."""
     binder.bind(feeds)
     request.start_async()
     request.wait()
@@ -95,7 +101,8 @@ def main() -> None:
     ways = {
         "infer(dict)": dict_infer,
         "tensors + infer()": tensors_infer,
-        "InputBinder + start_async/wait": binder_infer,
+        "InputBinder + start_async/wait": binder_async,
+        "InputBinder + infer(share_outputs)": binder_infer,
     }
     dtypes = {name: target.binder.dtypes[i] for name, i in target.binder.index.items()}
     seconds = {(case, way): [] for case in cases for way in ways}
@@ -114,13 +121,13 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             seconds[case, way].append(statistics.median(times))
     print(f"median over {args.rounds} rounds of the median of {args.calls} calls (ms); ratios within each round")
+    ours = "InputBinder + infer(share_outputs)"
     for case in cases:
-        a, b, c = (seconds[case, way] for way in ways)
-        line = "   ".join(f"{way} {statistics.median(seconds[case, way]) * 1e3:.3f}" for way in ways)
-        print(f"  {case:<14} {line}")
-        for name, base in (("infer(dict)", a), ("tensors + infer()", b)):
-            ratio = statistics.median(x / y for x, y in zip(base, c, strict=True))
-            print(f"  {'':<14} {name} / InputBinder + start_async/wait: {ratio:.2f}x")
+        print(f"  {case}: " + "   ".join(f"{way} {statistics.median(seconds[case, way]) * 1e3:.3f}" for way in ways))
+        for way in ways:
+            if way != ours:
+                pairs = zip(seconds[case, way], seconds[case, ours], strict=True)
+                print(f"    {way} / {ours}: {statistics.median(x / y for x, y in pairs):.2f}x")
 
 
 if __name__ == "__main__":

@@ -121,11 +121,9 @@ class PagedModel:
         if pooled:
             layout |= self.states.inputs(rows, state_rows)
         self.binder.bind(inputs | layout)
-        # InferRequest.infer() copies every output into a new array (logits: rows x vocab floats); start_async + wait
-        # runs the same call and the outputs are read in place below, valid until the next call
-        self.request.start_async()
-        self.request.wait()
-        outputs = {name: self.request.get_output_tensor(i).data for i, name in enumerate(self.output_names)}
+        # Outputs are views of the output tensors, valid until the next call: infer() alone copies every one of them
+        # (logits: rows x vocab floats), and start_async + wait costs a thread hand-off (bench/bench_lean_calls.py)
+        outputs = dict(zip(self.output_names, self.request.infer(share_outputs=True).to_tuple(), strict=True))
         if pooled:
             self.states.report(outputs)
         return outputs
