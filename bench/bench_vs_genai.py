@@ -1,11 +1,12 @@
 """ovbuild against stock OpenVINO GenAI, side by side in one process, on the shipped demo pair exported both ways from
 the same weights (paged for ovbuild, --format genai for GenAI).
 
-Modes, one request at a time: ovbuild target alone (exported without taps, as one runs it without a draft), ovbuild
-with the draft (adaptive draft length), GenAI `LLMPipeline` alone and with its DFlash `draft_model`. With 4, 16 and 32
-requests at once: ovbuild alone and with the draft, GenAI `ContinuousBatchingPipeline` alone (GenAI's DFlash path
-serves one request at a time). Every round runs every mode once, interleaved in a new random order each round; each
-ratio is taken within a round and the median over rounds is printed with its spread. Every mode's tokens must equal
+Modes, one request at a time: ovbuild target alone (exported without taps, as one runs it without a draft), ovbuild with
+the draft (adaptive draft length), GenAI `LLMPipeline` alone and with its DFlash `draft_model`. With 4, 16 and 32
+requests at once: ovbuild alone and with the draft, GenAI `ContinuousBatchingPipeline` alone (GenAI's DFlash path serves
+one request at a time). Both ways ovbuild alone also runs a second time, an A/A control: its ratio to the first shows
+how far the machine alone moves a ratio. Every round runs every mode once, interleaved in a new random order each round;
+each ratio is taken within a round and the median over rounds is printed with its spread. Every mode's tokens must equal
 ovbuild's target alone (greedy; EOS ignored so that all run the same length).
 Both sides run at the same exactness: f32 inference and the same KV cache precision.
 
@@ -113,6 +114,8 @@ class Modes:
         """The modes to compare for these prompts, by name: one request at a time or all at once."""
         runs = {
             "ovbuild alone": lambda: self.ovbuild(prompts, False, concurrent),
+            # the same mode twice: its ratio to the first shows how far this machine moves a ratio by itself
+            "ovbuild alone (A/A)": lambda: self.ovbuild(prompts, False, concurrent),
             "ovbuild draft": lambda: self.ovbuild(prompts, True, concurrent),
         }
         if concurrent:
@@ -256,7 +259,7 @@ def report(n: int, requests: int, new_tokens: int, seconds: dict[str, list[float
     print(f"\n{label} ({requests} prompts):")
     for name, values in seconds.items():
         print(f"  {name:<20} {tokens / statistics.median(values):8.1f} tokens/s")
-    pairs = [("ovbuild draft", "ovbuild alone")]
+    pairs = [("ovbuild alone (A/A)", "ovbuild alone"), ("ovbuild draft", "ovbuild alone")]
     pairs += [("ovbuild alone", "GenAI LLMPipeline"), ("ovbuild draft", "GenAI DFlash")] if n == 1 else []
     pairs += [("ovbuild alone", "GenAI CB"), ("ovbuild draft", "GenAI CB")] if n > 1 else []
     for a, b in pairs:
