@@ -9,6 +9,7 @@ from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import read_ir, save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
@@ -43,13 +44,16 @@ DRAFT_SCHEDULE = [
 ]
 
 
-def target_pair(cfg_weights, taps=(1, 3, 5)):
+def target_pair(cfg_weights, taps=(1, 3, 5), padding=None):
     cfg, weights = cfg_weights
-    return PagedModel(build_target(cfg, weights, taps), kv_cache_precision="f32"), Qwen3Reference(cfg, weights)
+    model = PagedModel(build_target(cfg, weights, taps), kv_cache_precision="f32", padding=padding)
+    return model, Qwen3Reference(cfg, weights)
 
 
-def test_target_matches_reference(target):
-    model, ref = target_pair(target)
+# padded: every call whose row count differs from the recent ones runs with a padding sequence (ovbuild.runtime.padding)
+@pytest.mark.parametrize("padding", [None, DRAFT_PADDING], ids=["unpadded", "padded"])
+def test_target_matches_reference(target, padding):
+    model, ref = target_pair(target, padding=padding)
     out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
     print(f"paged target vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('hidden_states'):.2e}")
     assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
@@ -59,9 +63,10 @@ def test_target_matches_reference(target):
             assert np.array_equal(seq["greedy_ids"], seq["logits"].argmax(-1))
 
 
-def test_draft_matches_reference(target, draft):
+@pytest.mark.parametrize("padding", [None, DRAFT_PADDING], ids=["unpadded", "padded"])
+def test_draft_matches_reference(target, draft, padding):
     dcfg, dweights = draft
-    model = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32")
+    model = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32", padding=padding)
     out = run_draft(model, DFlashReference(dcfg, dweights, target[1]), DRAFT_SCHEDULE)
     print(f"paged draft vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('last_hidden_state'):.2e}")
     assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"

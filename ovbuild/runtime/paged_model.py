@@ -11,6 +11,7 @@ from ovbuild.graph.ir import core
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
+from ovbuild.runtime.padding import PAD_SEQUENCE, ROW_OUTPUTS, RowPadding, pad_inputs, padding_rows
 from ovbuild.runtime.state_pool import StatePool, state_specs
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
@@ -63,11 +64,13 @@ class PagedModel:
         num_blocks: int | None = None,
         properties: dict[str, str] | None = None,
         state_slots: int | None = None,
+        padding: tuple[int, float] | None = None,
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes;
         `properties` (plugin properties) override ovbuild's own. A model with linear-attention states
         (`conv_state.*`, `recurrent_state.*` inputs) gets a StatePool of `state_slots` sequences (None: from the
-        budget, see DEFAULT_STATE_SLOTS)."""
+        budget, see DEFAULT_STATE_SLOTS). padding: (min_pad, share) of the RowPadding that runs a call of fewer rows
+        than the recent ones padded up to their row count (ovbuild.runtime.padding); None = every call as it is."""
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
         try:
             self.compiled = core().compile_model(model, device, config)
@@ -94,6 +97,8 @@ class PagedModel:
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
         self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
+        # a hybrid target's states are per sequence: its calls run unpadded (a padding sequence would need their inputs)
+        self.padding = RowPadding(*padding) if self.states is None and padding is not None else None
 
     @property
     def cache_manager(self) -> CacheManager:
@@ -116,14 +121,27 @@ class PagedModel:
         With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
         (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
         `state_rows` among `inputs`) keeps the states itself, and the pool is left alone."""
-        layout = self.cache.layout(rows)
-        pooled = self.states is not None and "state_rows" not in inputs
-        if pooled:
-            layout |= self.states.inputs(rows, state_rows)
-        self.binder.bind(inputs | layout)
-        # Outputs are views of the output tensors, valid until the next call: infer() alone copies every one of them
-        # (logits: rows x vocab floats), and start_async + wait costs a thread hand-off (bench/bench_lean_calls.py)
-        outputs = dict(zip(self.output_names, self.request.infer(share_outputs=True).to_tuple(), strict=True))
+        real = sum(r.num_rows for r in rows)
+        pad = self.padding.rows(real) - real if self.padding is not None else 0
+        if pad and not self.cache.allocator.can_hold(PAD_SEQUENCE, pad):
+            pad = 0  # no free blocks for it: the call runs as it is
+        if pad:
+            rows, inputs = [*rows, padding_rows(pad)], pad_inputs(inputs, pad)
+        try:
+            layout = self.cache.layout(rows)
+            pooled = self.states is not None and "state_rows" not in inputs
+            if pooled:
+                layout |= self.states.inputs(rows, state_rows)
+            self.binder.bind(inputs | layout)
+            # Outputs are views of the output tensors, valid until the next call: infer() alone copies every one of
+            # them (logits: rows x vocab floats), and start_async + wait costs a thread hand-off
+            # (bench/bench_lean_calls.py)
+            outputs = dict(zip(self.output_names, self.request.infer(share_outputs=True).to_tuple(), strict=True))
+        finally:
+            if pad:
+                self.cache.allocator.free(PAD_SEQUENCE)
+        if pad:
+            outputs |= {name: outputs[name][:real] for name in ROW_OUTPUTS if name in outputs}
         if pooled:
             self.states.report(outputs)
         return outputs

@@ -18,6 +18,7 @@ from ovbuild.graph.ir import read_ir
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, sampled_proposal
 from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
 
 
@@ -39,8 +40,15 @@ class BlockDrafter(Drafter):
         self.candidate_offset, self.target_layer_ids = self.ir.candidate_offset, self.ir.target_layer_ids
         self.max_candidates = self.block_size - self.candidate_offset
         self.tap_width = model.input("hidden_states").get_partial_shape()[1].get_length()
+        # a draft call's context rows (each request's accepted rows) change every step: its calls run padded
         self.model = PagedModel(
-            model, device, kv_cache_precision, inference_precision, cache_mb=cache_mb, num_blocks=num_blocks
+            model,
+            device,
+            kv_cache_precision,
+            inference_precision,
+            cache_mb=cache_mb,
+            num_blocks=num_blocks,
+            padding=DRAFT_PADDING,
         )
         self.committed: dict[int, int] = {}
         self.infer_s = 0.0
