@@ -1,0 +1,76 @@
+"""What a call costs right after the other model's call: a speculative step runs the target and the draft in turn, so
+neither finds its weights and threads as its previous call left them.
+
+On the demo pair: draft calls back to back, each after a target call, and each after 1.5 ms of sleep (idle threads,
+no eviction); target calls back to back and each after a draft call. Side by side in one process, interleaved rounds
+in a new order each round, medians.
+
+    python bench/bench_model_switch.py [--rounds 7] [--calls 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ovbuild.demo import shipped_pair
+from ovbuild.export import export
+from ovbuild.graph.ir import read_ir
+from ovbuild.runtime.drafters.block import BlockDrafter
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.machine import describe
+from ovbuild.runtime.paged_model import PagedModel
+
+from bench_row_padding import CONTEXT, draft_call, rounds, show, target_call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=60)
+    args = parser.parse_args()
+    print(describe())
+    calls = range(args.calls)
+    with tempfile.TemporaryDirectory(prefix="ovbuild_switch_") as tmp:
+        target_ckpt, draft_ckpt = shipped_pair()
+        target_dir = export(target_ckpt, Path(tmp) / "target", draft_of=draft_ckpt, quiet=True).out
+        draft_dir = export(draft_ckpt, Path(tmp) / "draft", target_model=target_ckpt, quiet=True).out
+        target = PagedModel(read_ir(target_dir), "CPU", "f16", "f32")
+        target.run(
+            [SequenceRows(0, 0, CONTEXT)], {"input_ids": np.full(CONTEXT, 5), "position_ids": np.arange(CONTEXT)}
+        )
+        drafter = BlockDrafter.from_folder(draft_dir)
+
+        def after(first, then) -> float:
+            first()
+            return then()
+
+        rng = np.random.default_rng(0)
+        print("\ndemo draft (3 context rows, a block proposing 4 tokens):")
+        cases = {
+            "back to back": lambda: [draft_call(drafter, 3) for _ in calls],
+            "each after a 4-row target call": lambda: [
+                after(lambda: target_call(target, 4), lambda: draft_call(drafter, 3)) for _ in calls
+            ],
+            "each after 1.5 ms of sleep": lambda: [
+                after(lambda: time.sleep(0.0015), lambda: draft_call(drafter, 3)) for _ in calls
+            ],
+        }
+        show(rounds(cases, args.rounds, rng), "back to back")
+        print("\ndemo target (4 rows):")
+        cases = {
+            "back to back": lambda: [target_call(target, 4) for _ in calls],
+            "each after a draft call": lambda: [
+                after(lambda: draft_call(drafter, 3), lambda: target_call(target, 4)) for _ in calls
+            ],
+        }
+        show(rounds(cases, args.rounds, rng), "back to back")
+        print(f"\n(per call: median of {args.calls} calls per round, median over {args.rounds} rounds)")
+
+
+if __name__ == "__main__":
+    main()
