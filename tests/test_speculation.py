@@ -202,3 +202,30 @@ def test_a_request_that_stopped_drafting_fades_back_to_the_run(models):
     lengths = request.metrics.draft_length_histogram
     assert lengths[0] >= 8, lengths  # it did stop drafting first
     assert request.metrics.num_accepted_tokens >= 30, lengths
+
+
+class CountedPlans(Speculation):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.plans = 0
+
+    def plan(self, *args, **kwargs) -> list[int]:
+        self.plans += 1
+        return super().plan(*args, **kwargs)
+
+
+def test_every_decode_step_is_counted_once_while_nobody_drafts(models):
+    """A draft call costing a second: nobody drafts, the planner backs off to every 8th step and the steps between
+    plans are counted in bulk; each request's draft lengths still add up to one per decode step (every committed
+    token after the first), for requests that start and finish at different steps."""
+    target_model, draft_model = models
+    drafter = BlockDrafter(draft_model, **F32)
+    spec = CountedPlans(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1.0, 0.0), host_s=1e-4, learn_host=False)
+    scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec, max_num_batched_tokens=16)
+    lengths = ((3, 7), (24, 30), (11, 19))  # (prompt tokens, max_new_tokens): prompts of 24 prefill in two chunks
+    requests = [scheduler.add_request(list(range(40, 40 + p)), GenerationConfig(max_new_tokens=n)) for p, n in lengths]
+    scheduler.run()
+    for request, (_, n) in zip(requests, lengths, strict=True):
+        assert len(request.generated) == n
+        assert request.metrics.draft_length_histogram == [n - 1], request.metrics.draft_length_histogram
+    assert spec.plans < scheduler.metrics.steps // 2, (spec.plans, scheduler.metrics.steps)

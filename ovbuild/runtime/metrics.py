@@ -34,10 +34,10 @@ class RequestMetrics:
         _grow(self.accepted_histogram, accepted + 1)
         self.accepted_histogram[accepted] += 1
 
-    def record_draft_length(self, k: int) -> None:
-        """The draft length chosen for one decode step (0: no draft for this request)."""
+    def record_draft_length(self, k: int, steps: int = 1) -> None:
+        """The draft length chosen for `steps` decode steps (0: no draft for this request)."""
         _grow(self.draft_length_histogram, k + 1)
-        self.draft_length_histogram[k] += 1
+        self.draft_length_histogram[k] += steps
 
     @property
     def acceptance_rate(self) -> float:

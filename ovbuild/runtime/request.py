@@ -68,6 +68,7 @@ class Request:
     proposal: list[int] = field(default_factory=list)  # draft tokens to verify in the next target call
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     acceptance: AcceptanceStats | None = None  # per-position acceptance, for the draft-length plan
+    skipped_at: int = 0  # the scheduler's count of plan-less steps when this request's share was last accounted
     trace: list[dict] = field(default_factory=list)
 
     def add_taps(self, taps: np.ndarray) -> None:

@@ -63,6 +63,7 @@ class Scheduler:
         self.metrics = RunMetrics()
         self._next_id = 0
         self._plan_backoff = self._plan_skips = 0  # steps between draft-length plans while nobody drafts
+        self._skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
 
     def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
         """Queue a request; it joins the running batch as soon as both caches can hold it."""
@@ -103,10 +104,10 @@ class Scheduler:
         busy = self.metrics.busy_s
         self._admit()
         done = self._target_step()
-        if self.drafter is not None:
-            self._draft_step()
         for request in done:
             self._release(request)
+        if self.drafter is not None:
+            self._draft_step()
         wall = time.perf_counter() - start
         self.metrics.steps += 1
         self.metrics.wall_s += wall
@@ -242,6 +243,7 @@ class Scheduler:
             request.add_taps(taps)
         if request.target_len == len(request.prompt):
             request.status = Status.DECODE
+            request.skipped_at = self._skipped  # skip steps before this one are not its own
             request.metrics.first_token_time = time.perf_counter()
             sampling = request.config.sampling
             first = [greedy[-1]] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
@@ -314,6 +316,14 @@ class Scheduler:
     # -- draft call -----------------------------------------------------------------------------------------------
 
     def _draft_step(self) -> None:
+        if self._plan_skips > 0 and all(
+            r.config.num_assistant_tokens is None and r.pending_rows <= FLUSH_ROWS for r in self.running
+        ):
+            # The last plan drafted for nobody and nothing forces a call: every decoding request drafts 0 this step,
+            # counted in bulk when it is next planned or finishes (_settle_skips), not request by request per step.
+            self._plan_skips -= 1
+            self._skipped += 1
+            return
         live = [r for r in self.running if r.status is not Status.FINISHED]
         flush = any(r.pending_rows > FLUSH_ROWS for r in live)
         lengths = self._draft_lengths([r for r in live if r.status is Status.DECODE], live, flush)
@@ -342,6 +352,8 @@ class Scheduler:
         """Draft tokens each decoding request gets verified next step: its num_assistant_tokens when pinned, else
         the speculation plan's choice; never more than the tokens it still may generate after the next one.
         live: the unfinished requests (a draft call carries their pending taps); flush: a draft call happens anyway."""
+        for request in decoding:
+            self._settle_skips(request)
         lengths, free = {}, []
         for request in decoding:
             longest = max(0, min(self.drafter.max_candidates, request.remaining - 1))
@@ -387,7 +399,18 @@ class Scheduler:
         left = sum(len(r.prompt) - r.target_len for r in self.running if r.status is Status.PREFILL)
         return min(left, self.max_num_batched_tokens)
 
+    def _settle_skips(self, request: Request) -> None:
+        """Account the steps skipped since the request was last planned: each drafted 0 tokens, and what the request
+        has seen fades for each (drafting resumes when it pays)."""
+        skipped = self._skipped - request.skipped_at
+        if skipped:
+            request.metrics.record_draft_length(0, skipped)
+            request.acceptance.idle_steps += skipped
+            request.skipped_at = self._skipped
+
     def _release(self, request: Request) -> None:
+        if request.metrics.first_token_time is not None:  # it decoded: its skipped steps are owed
+            self._settle_skips(request)
         request.metrics.finish_time = time.perf_counter()
         request.metrics.num_generated_tokens = len(request.generated)
         if not request.text and self.detokenize is not None:
