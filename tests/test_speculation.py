@@ -37,7 +37,7 @@ def objective(spec: Speculation, free, lengths, fixed_target, fixed_draft, conte
     seconds = spec.target_cost(fixed_target + sum(lengths)) + spec.host_s
     if any(lengths) or force or fixed_draft:
         rows = fixed_draft + context + sum(k + spec.candidate_offset for k in lengths if k)
-        seconds += spec.draft_cost(rows)
+        seconds += spec.draft_cost(rows) + spec.draft_host_s
     return float(tokens / seconds)
 
 
@@ -51,7 +51,7 @@ def test_plan_is_the_best_plan(offset):
     worst = 1.0
     for trial in range(200):
         spec = Speculation(4, offset, fixed_cost(*rng.uniform(0, 2e-3, 2)), fixed_cost(*rng.uniform(0, 2e-3, 2)))
-        spec.host_s = float(rng.uniform(0, 1e-3))
+        spec.host_s, spec.draft_host_s = (float(x) for x in rng.uniform(0, 1e-3, 2))
         free = [(stats(np.sort(rng.uniform(0, 1, 4))[::-1].tolist()), int(rng.integers(0, 5))) for _ in range(3)]
         fixed = (len(free) + int(rng.integers(0, 20)), int(rng.integers(0, 3)), int(rng.integers(0, 10)))
         force = bool(rng.integers(0, 2))
@@ -229,3 +229,17 @@ def test_every_decode_step_is_counted_once_while_nobody_drafts(models):
         assert len(request.generated) == n
         assert request.metrics.draft_length_histogram == [n - 1], request.metrics.draft_length_histogram
     assert spec.plans < scheduler.metrics.steps // 2, (spec.plans, scheduler.metrics.steps)
+
+
+def test_the_host_time_of_a_drafting_step_is_charged_to_drafting():
+    """Steps with a draft call spend more host time than steps without; the planner learns the difference apart and
+    charges it to plans that draft, so that a gain smaller than that extra host time is not taken."""
+    spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(2e-4, 1e-5))
+    for _ in range(50):
+        spec.observe_host(1e-4, drafted=False)
+        spec.observe_host(4e-4, drafted=True)
+    assert spec.host_s == pytest.approx(1e-4) and spec.draft_host_s == pytest.approx(3e-4)
+    free = [(stats([0.5] * 7), 7)]  # a request whose draft is right half the time
+    assert spec.plan(free, 1, 0, 0, False)[0] > 0  # 0.3 ms more host per drafting step: drafting still pays
+    spec.draft_host_s = 2e-3  # a drafting step's host time costs more than its expected extra token saves
+    assert spec.plan(free, 1, 0, 0, False) == [0]

@@ -64,6 +64,7 @@ class Scheduler:
         self._next_id = 0
         self._plan_backoff = self._plan_skips = 0  # steps between draft-length plans while nobody drafts
         self._skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
+        self._call_s, self._drafted = 0.0, False
 
     def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
         """Queue a request; it joins the running batch as soon as both caches can hold it."""
@@ -101,7 +102,8 @@ class Scheduler:
     def step(self) -> list[Request]:
         """One scheduling step; returns the requests that finished in it."""
         start = time.perf_counter()
-        busy = self.metrics.busy_s
+        calibration = self.metrics.calibration_s
+        self._call_s, self._drafted = 0.0, False  # the calls' seconds as the cost models see them; a draft call?
         self._admit()
         done = self._target_step()
         for request in done:
@@ -112,10 +114,11 @@ class Scheduler:
         self.metrics.steps += 1
         self.metrics.wall_s += wall
         if self.speculation is not None:
-            # Host time is what the planner adds to every plan alike: with the calibration in it, the first steps' plans
-            # saw ~200 ms of host per step, next to which any draft call looked free (a 16-request first run drafted
-            # full blocks at 0.42x the target alone).
-            self.speculation.observe_host(wall - (self.metrics.busy_s - busy))
+            # Host time is what the planner adds to a plan beyond its calls' costs: with the calibration in it, the
+            # first steps' plans saw ~200 ms of host per step, next to which any draft call looked free (a 16-request
+            # first run drafted full blocks at 0.42x the target alone).
+            host = wall - self._call_s - (self.metrics.calibration_s - calibration)
+            self.speculation.observe_host(host, self._drafted)
         return done
 
     # -- admission -------------------------------------------------------------------------------------------------
@@ -197,6 +200,7 @@ class Scheduler:
         )
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
+        self._call_s += seconds
         if self.speculation is not None:
             self.speculation.target_cost.observe(len(ids), seconds)
         greedy = out["greedy_ids"].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
@@ -343,6 +347,7 @@ class Scheduler:
         proposals = self.drafter.propose(items)
         seconds = time.perf_counter() - start
         self.metrics.draft_infer_s += self.drafter.infer_s - before
+        self._call_s, self._drafted = self._call_s + seconds, True
         rows = sum(_context_rows(i) + (self._block_rows(i.num_tokens) if i.anchor is not None else 0) for i in items)
         self.speculation.draft_cost.observe(rows, seconds)
         for request, proposal in zip(owners, proposals, strict=True):

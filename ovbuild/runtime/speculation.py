@@ -3,12 +3,13 @@
 Each step the scheduler asks `Speculation.plan` for every decoding request's draft length k. The plan maximises the
 expected tokens per second of the next step,
 
-    tokens(k) / (t_target(rows(k)) + [any k > 0] t_draft(draft_rows(k)) + t_host)
+    tokens(k) / (t_target(rows(k)) + [any k > 0] (t_draft(draft_rows(k)) + t_draft_host) + t_host)
 
 where tokens(k) = sum over requests of 1 + s_1 + ... + s_k (s_j: the chance that the first j proposals are all
 accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one
 standard error optimistic so that early misses do not stop drafting for good), and the call times are
-measured as a function of rows (calibrated once, then updated from every call). The draft works for the rows it
+measured as a function of rows (calibrated once, then updated from every call); host time is measured apart for steps
+with and without a draft call. The draft works for the rows it
 runs: a request drafting k tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a
 block of that length), plus its pending context rows, which any draft call carries for every request.
 
@@ -156,13 +157,18 @@ class Speculation:
     candidate_offset: int = 1
     target_cost: CallCost = field(default_factory=CallCost)
     draft_cost: CallCost = field(default_factory=CallCost)
-    host_s: float = 0.0  # scheduler overhead per step outside the calls (EMA)
+    host_s: float = 0.0  # scheduler overhead per step outside the calls, steps without a draft call (EMA)
+    # What a step with a draft call adds to host_s: taking the taps, verifying proposals, recording acceptance. Left
+    # out, a drafting step looked cheaper than it was, and the demo pair drafted one request at a time at 0.88x of
+    # never drafting while its plans expected a gain.
+    draft_host_s: float = 0.0
     calibration_tried: bool = False  # calibration runs once, before the first plan (see Scheduler._calibrate)
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
+        self._drafting_host = 0.0  # host seconds of steps with a draft call (EMA)
 
     @property
     def calibrated(self) -> bool:
@@ -174,10 +180,16 @@ class Speculation:
             self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
             self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
 
-    def observe_host(self, seconds: float) -> None:
+    def observe_host(self, seconds: float, drafted: bool = False) -> None:
+        """One step's seconds outside its calls; `drafted`: the step made a draft call."""
         if not self.learn_host:
             return
-        self.host_s += 0.1 * (seconds - self.host_s) if self.host_s else seconds
+        if drafted:
+            self._drafting_host = _ema(self._drafting_host, seconds)
+        else:
+            self.host_s = _ema(self.host_s, seconds)
+        if self._drafting_host:
+            self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
 
     def new_stats(self) -> AcceptanceStats:
         return AcceptanceStats.empty(self.max_candidates)
@@ -226,9 +238,15 @@ class Speculation:
         blocks = np.concatenate([[0], np.cumsum(1 + self.candidate_offset * first)])  # block rows: k + offset
         draft_rows = fixed_draft_rows + context_rows + blocks
         drafting = (taken > 0) | force_draft | (fixed_draft_rows > 0)
-        seconds = self.target_cost(target_rows) + np.where(drafting, self.draft_cost(draft_rows), 0.0) + self.host_s
+        drafted = self.draft_cost(draft_rows) + self.draft_host_s
+        seconds = self.target_cost(target_rows) + np.where(drafting, drafted, 0.0) + self.host_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-9)))
         return np.bincount(owner[:best], minlength=len(free)).tolist()
+
+
+def _ema(average: float, value: float) -> float:
+    """Exponential moving average over about 10 values; the first value starts it."""
+    return average + 0.1 * (value - average) if average else value
 
 
 def timed(call: Callable[[], object]) -> float:
