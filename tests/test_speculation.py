@@ -15,7 +15,7 @@ from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import AcceptanceStats, CallCost, Speculation
+from ovbuild.runtime.speculation import DRAFT_MARGIN, AcceptanceStats, CallCost, Speculation
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -46,7 +46,7 @@ def test_plan_is_the_best_plan(offset):
     """Exactly the best with candidate offset 0 (every proposal costs one row of each call, so the best plan of m
     proposals takes the m likeliest); with offset 1 a request's first proposal costs one more draft row, which the
     order ignores: within 5% of the best (measured worst 3.3% over these 200 random cost regimes, the extreme ones
-    where a draft row costs as much as a whole call)."""
+    where a draft row costs as much as a whole call). A draft call that is optional must promise DRAFT_MARGIN more."""
     rng = np.random.default_rng(0)
     worst = 1.0
     for trial in range(200):
@@ -63,7 +63,9 @@ def test_plan_is_the_best_plan(offset):
         )
         got = objective(spec, free, chosen, *fixed, force)
         worst = min(worst, got / best)
-        if offset == 0:
+        # no draft call at all, when one is optional and the best plan with one promises less than DRAFT_MARGIN more
+        declined = not any(chosen) and not force and not fixed[1] and best < DRAFT_MARGIN * got
+        if offset == 0 and not declined:
             assert got == pytest.approx(best, rel=1e-9), f"trial {trial}: plan {chosen} gives {got}, best {best}"
     print(f"candidate offset {offset}: worst plan / best plan {worst:.4f}")
     assert worst > 0.95
@@ -108,8 +110,8 @@ def models(target, draft):
 @pytest.mark.parametrize("right", [True, False])
 def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, right):
     """Costs fixed so that a draft call is as cheap as a target row: a draft that is always right gets full blocks,
-    one that is always wrong is tried while the evidence is thin, then gets no draft call ever again; output equals
-    the target alone either way."""
+    one that is always wrong is tried while the evidence is thin, then hardly ever again; output equals the target
+    alone either way."""
     target_model, draft_model = models
     prompt, config = list(range(40, 60)), GenerationConfig(max_new_tokens=48)
     alone = Scheduler(PagedModel(target_model, **F32))
@@ -127,8 +129,9 @@ def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, ri
     if right:
         assert lengths[7] >= 4 and sum(lengths[1:7]) <= 1, lengths  # full blocks (the last steps are capped)
     else:
+        # tried while the evidence is thin, and once more as its record fades: at most 20 calls, none at the end
         drafted = "".join("d" if step["proposed"] else "." for step in request.trace)
-        assert lengths[0] >= 25 and drafted.rstrip(".") == "d" * drafter.calls and drafter.calls <= 20, drafted
+        assert lengths[0] >= 25 and drafter.calls <= 20 and drafted.endswith("." * 10), drafted
 
 
 def test_drafting_resumes_after_early_misses(models):

@@ -43,6 +43,11 @@ OPTIMISM = 1.0
 REQUEST_WEIGHT = 4.0  # observations the run-wide estimate is worth in a request's own
 DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
 IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
+# A plan that makes a draft call where none is needed must promise this many times the tokens per second of not
+# drafting. Within that the call costs' noise decides, and a step that drafts costs more than its calls and host time
+# show: the next plain step's target call changes row count back (bench/bench_row_padding.py). One request at a time
+# on the demo pair, where drafting is break-even, plans that drafted on such margins ran at 0.90x of never drafting.
+DRAFT_MARGIN = 1.05
 FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
 MAX_PLAN_BACKOFF = 8  # steps without a plan, at most, while the last plans drafted for nobody
 
@@ -240,7 +245,10 @@ class Speculation:
         drafting = (taken > 0) | force_draft | (fixed_draft_rows > 0)
         drafted = self.draft_cost(draft_rows) + self.draft_host_s
         seconds = self.target_cost(target_rows) + np.where(drafting, drafted, 0.0) + self.host_s
-        best = int(np.argmax(tokens / np.maximum(seconds, 1e-9)))
+        rate = tokens / np.maximum(seconds, 1e-9)
+        best = int(np.argmax(rate))
+        if not drafting[0] and drafting[best] and rate[best] < DRAFT_MARGIN * rate[0]:
+            best = 0  # a draft call that is not needed anyway must promise more than the costs' noise
         return np.bincount(owner[:best], minlength=len(free)).tolist()
 
 
