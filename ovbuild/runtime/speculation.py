@@ -6,12 +6,13 @@ expected tokens per second of the next step,
     tokens(k) / (t_target(rows(k)) + [any k > 0] (t_draft(draft_rows(k)) + t_draft_host) + t_host)
 
 where tokens(k) = sum over requests of 1 + s_1 + ... + s_k (s_j: the chance that the first j proposals are all
-accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one
-standard error optimistic so that early misses do not stop drafting for good), and the call times are
-measured as a function of rows (calibrated once, then updated from every call); host time is measured apart for steps
-with and without a draft call. The draft works for the rows it
-runs: a request drafting k tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a
-block of that length), plus its pending context rows, which any draft call carries for every request.
+accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
+error optimistic so that early misses do not stop drafting for good), and the call times are measured as a function of
+rows (calibrated once, then updated from every call); host time is measured apart for steps with and without a draft
+call. The draft works for the rows it runs: a request drafting k tokens costs k + 1 target rows and k +
+candidate_offset draft rows (the drafter runs a block of that length), plus its pending context rows, which any draft
+call carries for every request. A plan that makes a draft call where none is needed must beat not drafting by
+DRAFT_MARGIN.
 
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
