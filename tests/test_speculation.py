@@ -246,3 +246,19 @@ def test_the_host_time_of_a_drafting_step_is_charged_to_drafting():
     assert spec.plan(free, 1, 0, 0, False)[0] > 0  # 0.3 ms more host per drafting step: drafting still pays
     spec.draft_host_s = 2e-3  # a drafting step's host time costs more than its expected extra token saves
     assert spec.plan(free, 1, 0, 0, False) == [0]
+
+
+def test_a_draft_call_that_promises_less_than_the_margin_is_not_made():
+    """Where the best plan with a draft call beats not drafting by less than DRAFT_MARGIN, no draft call is made;
+    when a draft call happens anyway (pending context forces one), the same proposals are taken."""
+    free = [(stats([0.5] * 7), 7)]
+    for draft_call_s in np.linspace(0, 1e-3, 201):
+        spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(float(draft_call_s), 1e-5))
+        plain = objective(spec, free, [0], 1, 0, 0, False)
+        best = max(objective(spec, free, [k], 1, 0, 0, False) for k in range(8))
+        if plain < best < DRAFT_MARGIN * plain:
+            break
+    else:
+        raise AssertionError("no draft cost in the scan gives a gain below the margin")
+    assert spec.plan(free, 1, 0, 0, False) == [0]
+    assert spec.plan(free, 1, 0, 0, True)[0] > 0

@@ -53,6 +53,7 @@ BF16 = ("tests/test_paged_parity.py", "tests/test_reference.py", "tests/test_dfl
 QUANTIZED = ("tests/test_compression.py",)
 PLANNER = ("tests/test_speculation.py",)
 SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
+CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
 
 MUTANTS = (
     # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
@@ -118,15 +119,16 @@ MUTANTS = (
     Mutant(
         "drafter-candidate-rows-off-by-one",
         "ovbuild/runtime/drafters/block.py",
-        "first = first_block_row + self.candidate_offset",
-        "first = first_block_row",
+        "first = len(ids) - block + offset",
+        "first = len(ids) - block",
         SPECULATIVE,
     ),
     Mutant(
         "kv-begins-from-reserved",
         "ovbuild/runtime/kv_cache.py",
-        "np.cumsum([len(t) for t in used], out=block_begins[1:])",
-        "np.cumsum([len(t) for t in tables], out=block_begins[1:])",
+        '"block_indices_begins": np.array([0, *accumulate(counts)], np.int32)',
+        '"block_indices_begins": np.array([0, *accumulate(len(self.allocator.tables[r.seq_id]) for r in rows)], '
+        "np.int32)",
         PARITY,
     ),
     # -- the shared RoPE code (graph builders only since the reference computes its own) ------------------------------
@@ -234,15 +236,15 @@ MUTANTS = (
     Mutant(
         "kv-indices-from-reserved",
         "ovbuild/runtime/kv_cache.py",
-        '"block_indices": np.array([b for t in used for b in t], np.int32)',
-        '"block_indices": np.array([b for t in tables for b in t], np.int32)',
+        "for b in reserve(r.seq_id, end)[:n]]",
+        "for b in reserve(r.seq_id, end)]",
         PARITY,
     ),
     Mutant(
         "kv-max-context-without-new-rows",
         "ovbuild/runtime/kv_cache.py",
-        "max((r.past_len + r.num_rows for r in rows), default=0)",
-        "max((r.past_len for r in rows), default=0)",
+        '"max_context_len": np.array(max(ends, default=0), np.int32)',
+        '"max_context_len": np.array(max((r.past_len for r in rows), default=0), np.int32)',
         PARITY,
     ),
     Mutant(
@@ -299,7 +301,7 @@ MUTANTS = (
     Mutant(
         "speculation-draft-call-free",
         "ovbuild/runtime/speculation.py",
-        "np.where(drafting, self.draft_cost(draft_rows), 0.0)",
+        "np.where(drafting, drafted, 0.0)",
         "0.0",
         PLANNER,
     ),
@@ -327,7 +329,7 @@ MUTANTS = (
     Mutant(
         "scheduler-skipped-steps-not-idle",
         "ovbuild/runtime/scheduler.py",
-        "request.acceptance.idle_steps += longest > 0",
+        "request.acceptance.idle_steps += skipped",
         "pass",
         PLANNER,
     ),
@@ -365,6 +367,42 @@ MUTANTS = (
         "if u[i].accept * q[i][x] >= p[i][x]:",
         "if q[i][x] >= p[i][x]:",
         SAMPLING,
+    ),
+    # -- how calls are bound and padded, and how skipped steps are counted ------------------------------------------
+    Mutant(
+        "binder-reused-buffer-not-written",
+        "ovbuild/runtime/binding.py",
+        "held[...] = value  # the bound tensor reads this memory at infer()",
+        "pass",
+        CALLS,
+    ),
+    Mutant(
+        "padding-blocks-kept",
+        "ovbuild/runtime/paged_model.py",
+        "self.cache.allocator.free(PAD_SEQUENCE)",
+        "pass",
+        CALLS,
+    ),
+    Mutant(
+        "padding-taps-not-cut",
+        "ovbuild/runtime/paged_model.py",
+        "outputs |= {name: outputs[name][:real] for name in ROW_OUTPUTS if name in outputs}",
+        "pass",
+        CALLS,
+    ),
+    Mutant(
+        "scheduler-skips-lost-at-finish",
+        "ovbuild/runtime/scheduler.py",
+        "if request.metrics.first_token_time is not None:  # it decoded: its skipped steps are owed",
+        "if False:",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-no-draft-margin",
+        "ovbuild/runtime/speculation.py",
+        "rate[best] < DRAFT_MARGIN * rate[0]",
+        "False",
+        PLANNER,
     ),
 )
 
