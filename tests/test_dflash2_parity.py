@@ -15,6 +15,7 @@ from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.lattice import greedy_walk
+from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash2 import DFlash2Reference
 from ovbuild.runtime.reference.dflash2 import greedy_walk as reference_walk
@@ -93,6 +94,16 @@ def test_v2_draft_matches_reference(v2):
     print(f"{dtype} v2 draft over {len(SCHEDULE)} packed calls: logits NMSE {logits:.2e}, hidden NMSE {hidden:.2e}")
     assert logits < F32_NMSE, f"{dtype} logits NMSE {logits:.2e}"
     assert hidden < F32_NMSE, f"{dtype} last_hidden_state NMSE {hidden:.2e}"
+
+
+def test_padded_v2_draft_matches_reference(v2, target):
+    """With its calls padded as the drafter runs them (a padding sequence after the real ones): the grouped conv and
+    the block masks see each sequence alone, so the real rows' outputs stay the reference's."""
+    dtype, cfg, weights, ref, _ = v2
+    model = PagedModel(build_dflash2_draft(cfg, weights, target[1]), kv_cache_precision="f32", padding=DRAFT_PADDING)
+    out = run_draft(model, ref, SCHEDULE)
+    print(f"{dtype} v2 draft, padded calls: logits NMSE {out.nmse('logits'):.2e}")
+    assert out.nmse("logits") < F32_NMSE and out.nmse("last_hidden_state") < F32_NMSE
 
 
 def test_conv_taps_move_the_draft_outputs(v2, target):
