@@ -123,19 +123,21 @@ def export_pair(
 def compare(
     pipeline: Pipeline, name: str, batches: list[list[str]], max_new_tokens: int, k: int | None, rounds: int = 3
 ) -> Comparison:
-    """Serve each batch of prompts as concurrent requests, `rounds` times with the draft then alone (totals over all
+    """Serve each batch of prompts as concurrent requests, `rounds` times with the draft and alone (totals over all
     batches per side); every round produces the same tokens, only the times differ."""
     results = []
-    for _ in range(rounds):
-        sides = []
-        for use_draft in (True, False):
+    for r in range(rounds):
+        sides = {}
+        # every other round the target alone goes first: a side always run second would carry the first's effect on
+        # caches and clocks into every ratio
+        for use_draft in (True, False) if r % 2 == 0 else (False, True):
             requests, metrics = [], RunMetrics()
             for batch in batches:
                 done, run = pipeline.generate(batch, max_new_tokens, k, use_draft=use_draft)
                 requests.extend(done)
                 metrics.merge(run)
-            sides.append((requests, metrics))
-        (spec, spec_metrics), (alone, alone_metrics) = sides
+            sides[use_draft] = (requests, metrics)
+        (spec, spec_metrics), (alone, alone_metrics) = sides[True], sides[False]
         results.append(Round(spec, alone, spec_metrics, alone_metrics))
     return Comparison(name, results)
 
