@@ -22,6 +22,7 @@ from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation import Speculation
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
@@ -32,8 +33,10 @@ def run(target_model, draft_model, prompts, new_tokens, options, repeats):
     best = None
     target = PagedModel(target_model, **options)
     drafter = BlockDrafter(draft_model, **options) if draft_model is not None else None
+    # one planner for all repeats, as a Pipeline keeps one across runs: a new one would calibrate in every repeat
+    speculation = Speculation(drafter.max_candidates, drafter.candidate_offset) if drafter is not None else None
     for _ in range(repeats):
-        scheduler = Scheduler(target, drafter)
+        scheduler = Scheduler(target, drafter, speculation=speculation)
         for p in prompts:
             scheduler.add_request(p, GenerationConfig(max_new_tokens=new_tokens))
         scheduler.run()
