@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ovbuild.runtime.metrics import RequestMetrics, RunMetrics
+from ovbuild.runtime.report import format_metrics
 
 
 def test_verification_counters_by_position_and_histogram():
@@ -28,3 +29,17 @@ def test_run_totals_fold_requests_of_different_lengths():
     assert totals.accepted_per_position == [2, 1, 0, 0] and totals.accepted_histogram == [0, 1, 1]
     assert (totals.num_drafts, totals.num_draft_tokens, totals.num_accepted_tokens) == (2, 6, 3)
     assert totals.num_generated_tokens == 7
+
+
+def test_the_report_says_in_words_when_nothing_was_drafted():
+    run = RunMetrics()
+    idle = RequestMetrics()
+    idle.record_draft_length(0, 5)
+    run.add(idle)
+    text = format_metrics(run, with_draft=True)
+    assert "no draft token verified" in text and "0/0" not in text and "draft length chosen   [5]" in text
+    drafted = RequestMetrics()
+    drafted.record_verification(4, 3)
+    run.add(drafted)
+    assert "3/4 draft tokens (75.0%), mean acceptance length 4.00" in format_metrics(run, with_draft=True)
+    assert "acceptance" not in format_metrics(RunMetrics(), with_draft=False)

@@ -15,10 +15,18 @@ def format_metrics(metrics: RunMetrics, with_draft: bool) -> str:
         f"time split           target {m.target_infer_s * 1e3:.1f} ms, draft {m.draft_infer_s * 1e3:.1f} ms, "
         f"host {m.host_s * 1e3:.1f} ms" + (f", calibration {m.calibration_s * 1e3:.1f} ms" if m.calibration_s else ""),
     ]
+    if with_draft and r.num_draft_tokens:
+        lines.append(
+            f"acceptance           {r.num_accepted_tokens}/{r.num_draft_tokens} draft tokens "
+            f"({r.acceptance_rate:.1%}), mean acceptance length {r.mean_acceptance_length:.2f}"
+        )
+    elif with_draft:  # said in words: an acceptance of 0/0 reads like a broken draft
+        lines.append(
+            "acceptance           no draft token verified, mean acceptance length 1.00: k = 0 on every step (the "
+            "draft-length planner found drafting slower than the target alone; --num-assistant-tokens K pins k)"
+        )
     if with_draft:
         lines += [
-            f"acceptance           {r.num_accepted_tokens}/{r.num_draft_tokens} draft tokens "
-            f"({r.acceptance_rate:.1%}), mean acceptance length {r.mean_acceptance_length:.2f}",
             f"accepted per position {r.accepted_per_position}",
             f"accepted histogram    {r.accepted_histogram}",
             f"draft length chosen   {r.draft_length_histogram} (decode steps that drafted 0, 1, 2, ... tokens)",
