@@ -1,7 +1,7 @@
 """Row padding: keeping a compiled model's row count from call to call.
 
 The CPU plugin re-plans every node of a dynamic-shape model (shape inference, memory, kernel choice) when a call's row
-count differs from the previous call's: on the demo target, a 1-row call costs 1.5x as much right after a 6-row call
+count differs from the previous call's: on the demo target, a 1-row call costs 1.4x as much right after a 6-row call
 as after another 1-row call (bench/bench_row_padding.py). Speculative decoding changes row counts all the time: a draft
 call carries each request's accepted rows, which vary every step, and the draft length decides the verification rows.
 So a draft call of fewer rows than a recent one runs padded up to that row count, when the padding is small: the padding
