@@ -17,15 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.demo import shipped_pair
-from ovbuild.export import export
-from ovbuild.graph.ir import read_ir
 from ovbuild.runtime.drafters.block import BlockDrafter
-from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
-from ovbuild.runtime.paged_model import PagedModel
 
-from bench_row_padding import CONTEXT, draft_call, rounds, show, target_call
+from bench_row_padding import demo_pair, draft_call, rounds, show, target_call
 
 
 def main() -> None:
@@ -36,13 +31,7 @@ def main() -> None:
     print(describe())
     calls = range(args.calls)
     with tempfile.TemporaryDirectory(prefix="ovbuild_switch_") as tmp:
-        target_ckpt, draft_ckpt = shipped_pair()
-        target_dir = export(target_ckpt, Path(tmp) / "target", draft_of=draft_ckpt, quiet=True).out
-        draft_dir = export(draft_ckpt, Path(tmp) / "draft", target_model=target_ckpt, quiet=True).out
-        target = PagedModel(read_ir(target_dir), "CPU", "f16", "f32")
-        target.run(
-            [SequenceRows(0, 0, CONTEXT)], {"input_ids": np.full(CONTEXT, 5), "position_ids": np.arange(CONTEXT)}
-        )
+        target, _, draft_dir = demo_pair(Path(tmp))
         drafter = BlockDrafter.from_folder(draft_dir)
 
         def after(first, then) -> float:

@@ -57,8 +57,19 @@ def draft_call(drafter: BlockDrafter, context_rows: int) -> float:
     return seconds
 
 
+def demo_pair(folder: Path) -> tuple[PagedModel, Path, Path]:
+    """The shipped pair exported into `folder`: the target compiled with CONTEXT tokens of sequence 0 cached (what
+    target_call continues), and the target's and the draft's folders."""
+    target_ckpt, draft_ckpt = shipped_pair()
+    target_dir = export(target_ckpt, folder / "target", draft_of=draft_ckpt, quiet=True).out
+    draft_dir = export(draft_ckpt, folder / "draft", target_model=target_ckpt, quiet=True).out
+    target = PagedModel(read_ir(target_dir), "CPU", "f16", "f32")
+    target.run([SequenceRows(0, 0, CONTEXT)], {"input_ids": np.full(CONTEXT, 5), "position_ids": np.arange(CONTEXT)})
+    return target, target_dir, draft_dir
+
+
 def rounds(cases: dict, n_rounds: int, rng: np.random.Generator) -> dict[str, list[float]]:
-    """Median seconds per call of each case, per round (cases: name -> function of the call index)."""
+    """Median seconds per call of each case, per round (cases: name -> a function returning its calls' seconds)."""
     seconds = {name: [] for name in cases}
     for _ in range(n_rounds):
         for name in rng.permutation(list(cases)):
@@ -67,6 +78,7 @@ def rounds(cases: dict, n_rounds: int, rng: np.random.Generator) -> dict[str, li
 
 
 def show(seconds: dict[str, list[float]], base: str) -> None:
+    """Each case's median seconds per call and its speed against `base`, taken within rounds."""
     for name, values in seconds.items():
         ratio = statistics.median(b / v for b, v in zip(seconds[base], values, strict=True))
         print(f"  {name:<44} {statistics.median(values) * 1e3:7.3f} ms   {base} / this {ratio:.2f}x")
@@ -81,13 +93,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     calls = range(args.calls)
     with tempfile.TemporaryDirectory(prefix="ovbuild_padding_") as tmp:
-        target_ckpt, draft_ckpt = shipped_pair()
-        target_dir = export(target_ckpt, Path(tmp) / "target", draft_of=draft_ckpt, quiet=True).out
-        draft_dir = export(draft_ckpt, Path(tmp) / "draft", target_model=target_ckpt, quiet=True).out
-        target = PagedModel(read_ir(target_dir), "CPU", "f16", "f32")
-        target.run(
-            [SequenceRows(0, 0, CONTEXT)], {"input_ids": np.full(CONTEXT, 5), "position_ids": np.arange(CONTEXT)}
-        )
+        target, target_dir, draft_dir = demo_pair(Path(tmp))
         print("\n1. demo target, 1 logits row per call:")
         cases = {
             "1 row, every call": lambda: [target_call(target, 1) for _ in calls],

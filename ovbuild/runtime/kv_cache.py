@@ -44,7 +44,7 @@ class BlockAllocator(CacheManager):
         """Grow `seq_id`'s table to hold `length` tokens and return it; raises CacheExhaustedError (changing nothing)
         if it can't."""
         table = self.tables.get(seq_id, [])
-        need = -(-length // self.block_size) - len(table)
+        need = self.blocks_for(length) - len(table)
         if need <= 0:
             return table  # every step of a decoding sequence but one in block_size: kept cheap
         if need > len(self._free):

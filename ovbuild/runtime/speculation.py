@@ -171,10 +171,10 @@ class Speculation:
     calibration_tried: bool = False  # calibration runs once, before the first plan (see Scheduler._calibrate)
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed
+    _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
-        self._drafting_host = 0.0  # host seconds of steps with a draft call (EMA)
 
     @property
     def calibrated(self) -> bool:
