@@ -15,7 +15,14 @@ from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import DRAFT_MARGIN, AcceptanceStats, CallCost, Speculation
+from ovbuild.runtime.speculation import (
+    DRAFT_MARGIN,
+    MAX_PLAN_BACKOFF,
+    REPLAN_AFTER_CHANGE,
+    AcceptanceStats,
+    CallCost,
+    Speculation,
+)
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -211,10 +218,12 @@ class CountedPlans(Speculation):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.plans = 0
+        self.sizes: list[int] = []  # requests planned for, per plan
 
-    def plan(self, *args, **kwargs) -> list[int]:
+    def plan(self, free, *args, **kwargs) -> list[int]:
         self.plans += 1
-        return super().plan(*args, **kwargs)
+        self.sizes.append(len(free))
+        return super().plan(free, *args, **kwargs)
 
 
 def test_every_decode_step_is_counted_once_while_nobody_drafts(models):
@@ -232,6 +241,30 @@ def test_every_decode_step_is_counted_once_while_nobody_drafts(models):
         assert len(request.generated) == n
         assert request.metrics.draft_length_histogram == [n - 1], request.metrics.draft_length_histogram
     assert spec.plans < scheduler.metrics.steps // 2, (spec.plans, scheduler.metrics.steps)
+
+
+def test_plans_back_off_while_nobody_drafts_and_come_back_when_the_batch_changes(models):
+    """A draft call costing a second: plans back off to every MAX_PLAN_BACKOFF-th step for a steady batch, and a
+    request that starts decoding is planned for within REPLAN_AFTER_CHANGE steps however far they had backed off."""
+    target_model, draft_model = models
+    spec = CountedPlans(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1.0, 0.0), host_s=1e-4, learn_host=False)
+    scheduler = Scheduler(PagedModel(target_model, **F32), BlockDrafter(draft_model, **F32), speculation=spec)
+    scheduler.add_request(list(range(40, 50)), GenerationConfig(max_new_tokens=3 * MAX_PLAN_BACKOFF))
+    steps_with_plan = []
+    for step in range(2 * MAX_PLAN_BACKOFF + 8):
+        plans = spec.plans
+        scheduler.step()
+        if spec.plans > plans:
+            steps_with_plan.append(step)
+    gaps = [b - a for a, b in itertools.pairwise(steps_with_plan)]
+    assert max(gaps) == MAX_PLAN_BACKOFF + 1 and len(steps_with_plan) <= 8, steps_with_plan  # skipped + planned
+    joined = scheduler.add_request(list(range(60, 64)), GenerationConfig(max_new_tokens=8))
+    plans = spec.plans
+    for _ in range(REPLAN_AFTER_CHANGE + 2):  # its prefill step, then at most REPLAN_AFTER_CHANGE steps to a plan
+        scheduler.step()
+    assert spec.plans > plans and spec.sizes[-1] == 2, spec.sizes
+    scheduler.run()
+    assert len(joined.generated) == 8
 
 
 def test_the_host_time_of_a_drafting_step_is_charged_to_drafting():

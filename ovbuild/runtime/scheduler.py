@@ -29,7 +29,7 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
-from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, Speculation
+from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
 from ovbuild.runtime.validation import check_prompt, token_ids
 from ovbuild.runtime.verify import verify_sampled
 
@@ -62,7 +62,7 @@ class Scheduler:
         self.finished: list[Request] = []
         self.metrics = RunMetrics()
         self._next_id = 0
-        self._plan_backoff = self._plan_skips = 0  # steps between draft-length plans while nobody drafts
+        self._plan_skips = 0  # steps left without a draft-length plan (Speculation.backoff after a plan for nobody)
         self._skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
         self._call_s, self._drafted = 0.0, False
 
@@ -248,6 +248,7 @@ class Scheduler:
         if request.target_len == len(request.prompt):
             request.status = Status.DECODE
             request.skipped_at = self._skipped  # skip steps before this one are not its own
+            self._batch_changed()
             request.metrics.first_token_time = time.perf_counter()
             sampling = request.config.sampling
             first = [greedy[-1]] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
@@ -389,12 +390,17 @@ class Scheduler:
                 lengths[request.id] = k
                 if k == 0 and longest > 0:
                     request.acceptance.idle_steps += 1  # what it missed fades: drafting resumes when it pays
-            # While drafting pays for nobody, plan every 2nd, 4th, then 8th step: the plan costs ~10 us per request
-            self._plan_backoff = 0 if any(chosen) else min(2 * self._plan_backoff or 1, MAX_PLAN_BACKOFF)
-            self._plan_skips = self._plan_backoff
+            # While drafting pays for nobody, plan every 2nd, 4th, 8th, ... step (see MAX_PLAN_BACKOFF)
+            spec = self.speculation
+            spec.backoff = 0 if any(chosen) else min(2 * spec.backoff or 1, MAX_PLAN_BACKOFF)
+            self._plan_skips = spec.backoff
         for request in decoding:
             request.metrics.record_draft_length(lengths[request.id])
         return lengths
+
+    def _batch_changed(self) -> None:
+        """A request started or stopped decoding: plan again soon, however far the planner had backed off."""
+        self._plan_skips = min(self._plan_skips, REPLAN_AFTER_CHANGE)
 
     def _block_rows(self, k: int) -> int:
         return k + self.drafter.candidate_offset
@@ -423,6 +429,7 @@ class Scheduler:
         self.target.free(request.id)
         if self.drafter is not None:
             self.drafter.free(request.id)
+            self._batch_changed()
         self.running.remove(request)
         self.finished.append(request)
         self.metrics.add(request.metrics)

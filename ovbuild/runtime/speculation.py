@@ -50,7 +50,14 @@ IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back t
 # on the demo pair, where drafting is break-even, plans that drafted on such margins ran at 0.90x of never drafting.
 DRAFT_MARGIN = 1.05
 FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
-MAX_PLAN_BACKOFF = 8  # steps without a plan, at most, while the last plans drafted for nobody
+# Steps without a plan, at most, while the last plans drafted for nobody. Such a plan's inputs barely move (no
+# verification adds evidence; idle fading only pulls requests back to the run-wide estimate), and a plan run right
+# after a model call costs ~0.27 ms here (cold caches, ~45 small numpy calls, 5x its hot cost): at every 8th step
+# plans were 3% of a 1-request step on the demo pair (bench/bench_host.py).
+MAX_PLAN_BACKOFF = 32
+# A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
+# within this many steps however far the planner had backed off.
+REPLAN_AFTER_CHANGE = 4
 
 
 class CallCost:
@@ -169,9 +176,14 @@ class Speculation:
     # never drafting while its plans expected a gain.
     draft_host_s: float = 0.0
     calibration_tried: bool = False  # calibration runs once, before the first plan (see Scheduler._calibrate)
+    # Steps between plans while the last plans drafted for nobody (doubling up to MAX_PLAN_BACKOFF). Kept here, across
+    # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
+    # 64-token request made 6 plans where 2 would do.
+    backoff: int = 0
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
-    run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed
+    run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed (changed by record only)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
+    _run_estimate: np.ndarray | None = field(init=False, default=None)  # survival's run-wide term, until a record
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
@@ -205,12 +217,15 @@ class Speculation:
         if proposed:
             stats.record(proposed, accepted, DECAY)
             self.run.record(proposed, accepted, 1.0)
+            self._run_estimate = None
 
     def survival(self, stats: list[AcceptanceStats]) -> np.ndarray:
         """s [requests, max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request."""
-        seen = self.run.reached + PRIOR_WEIGHT
-        run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / seen
-        run = np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0)
+        if self._run_estimate is None:  # only verifications move it: plans while nobody drafts reuse it
+            seen = self.run.reached + PRIOR_WEIGHT
+            run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / seen
+            self._run_estimate = np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0)
+        run = self._run_estimate
         accepted = np.stack([s.accepted for s in stats])  # [requests, positions]
         reached = np.stack([s.reached for s in stats])
         return np.cumprod((accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT), axis=1)
