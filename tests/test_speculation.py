@@ -40,7 +40,7 @@ def stats(rates: list[float], weight: float = 1000.0) -> AcceptanceStats:
 
 def objective(spec: Speculation, free, lengths, fixed_target, fixed_draft, context, force) -> float:
     """Expected tokens per second of one plan, written out directly."""
-    tokens = sum(1 + spec.survival([s])[0][:k].sum() for (s, _), k in zip(free, lengths, strict=True))
+    tokens = sum(1 + sum(spec.survival([s])[0][:k]) for (s, _), k in zip(free, lengths, strict=True))
     seconds = spec.target_cost(fixed_target + sum(lengths)) + spec.host_s
     if any(lengths) or force or fixed_draft:
         rows = fixed_draft + context + sum(k + spec.candidate_offset for k in lengths if k)

@@ -287,21 +287,21 @@ MUTANTS = (
     Mutant(
         "speculation-survival-summed",
         "ovbuild/runtime/speculation.py",
-        "return np.cumprod((accepted + REQUEST_WEIGHT * run)",
-        "return np.cumsum((accepted + REQUEST_WEIGHT * run)",
+        "chance *= (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)",
+        "chance += (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)",
         PLANNER,
     ),
     Mutant(
         "speculation-plan-one-proposal-too-many",
         "ovbuild/runtime/speculation.py",
-        "np.bincount(owner[:best], minlength=len(free))",
-        "np.bincount(owner[: best + 1], minlength=len(free))",
+        "for _, request, _ in order[:best]:",
+        "for _, request, _ in order[: best + 1]:",
         PLANNER,
     ),
     Mutant(
         "speculation-draft-call-free",
         "ovbuild/runtime/speculation.py",
-        "np.where(drafting, drafted, 0.0)",
+        "(draft[m] + self.draft_host_s if m or anyway else 0.0)",
         "0.0",
         PLANNER,
     ),
@@ -322,8 +322,8 @@ MUTANTS = (
     Mutant(
         "speculation-no-exploration",
         "ovbuild/runtime/speculation.py",
-        "run = np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0)",
-        "run = run",
+        "np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0).tolist()",
+        "run.tolist()",
         PLANNER,
     ),
     Mutant(
@@ -400,8 +400,22 @@ MUTANTS = (
     Mutant(
         "speculation-no-draft-margin",
         "ovbuild/runtime/speculation.py",
-        "rate[best] < DRAFT_MARGIN * rate[0]",
+        "rates[best] < DRAFT_MARGIN * rates[0]",
         "False",
+        PLANNER,
+    ),
+    Mutant(
+        "scheduler-batch-change-not-replanned",
+        "ovbuild/runtime/scheduler.py",
+        "self._plan_skips = min(self._plan_skips, REPLAN_AFTER_CHANGE)",
+        "pass",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-run-estimate-never-refreshed",
+        "ovbuild/runtime/speculation.py",
+        "            self._run_estimate = None\n",
+        "",
         PLANNER,
     ),
 )

@@ -183,7 +183,7 @@ class Speculation:
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed (changed by record only)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
-    _run_estimate: np.ndarray | None = field(init=False, default=None)  # survival's run-wide term, until a record
+    _run_estimate: list[float] | None = field(init=False, default=None)  # survival's run-wide term, until a record
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
@@ -219,16 +219,21 @@ class Speculation:
             self.run.record(proposed, accepted, 1.0)
             self._run_estimate = None
 
-    def survival(self, stats: list[AcceptanceStats]) -> np.ndarray:
-        """s [requests, max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request."""
+    def survival(self, stats: list[AcceptanceStats]) -> list[list[float]]:
+        """s [requests][max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request."""
         if self._run_estimate is None:  # only verifications move it: plans while nobody drafts reuse it
             seen = self.run.reached + PRIOR_WEIGHT
             run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / seen
-            self._run_estimate = np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0)
-        run = self._run_estimate
-        accepted = np.stack([s.accepted for s in stats])  # [requests, positions]
-        reached = np.stack([s.reached for s in stats])
-        return np.cumprod((accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT), axis=1)
+            self._run_estimate = np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0).tolist()
+        survival = []
+        for request in stats:
+            chance, row = 1.0, []
+            positions = zip(request.accepted.tolist(), request.reached.tolist(), self._run_estimate, strict=True)
+            for accepted, reached, run in positions:
+                chance *= (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)
+                row.append(chance)
+            survival.append(row)
+        return survival
 
     def plan(
         self,
@@ -243,29 +248,37 @@ class Speculation:
         free: (acceptance statistics, longest allowed k) of the requests whose k is ours to choose;
         fixed_target_rows: rows the next target call runs whatever we choose (pinned requests, prompt chunks, one
         anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
-        rows of every request (any draft call carries them); force_draft: a draft call happens anyway."""
-        longest = np.array([k for _, k in free])
-        if not free or longest.max() <= 0:
+        rows of every request (any draft call carries them); force_draft: a draft call happens anyway.
+
+        Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
+        costs several microseconds (cold caches); this way a plan costs about a third less there."""
+        if not free or max(k for _, k in free) <= 0:
             return [0] * len(free)  # nothing to choose: nobody may draft
-        allowed = np.arange(self.max_candidates) < longest[:, None]  # [requests, positions]
-        gain = self.survival([s for s, _ in free])[allowed]  # every proposal that may be taken, request-major
-        owner = np.nonzero(allowed)[0]
-        first = np.nonzero(allowed)[1] == 0
-        order = np.argsort(-gain, kind="stable")  # ties keep each request's positions in order
-        gain, owner, first = gain[order], owner[order], first[order]
-        taken = np.arange(len(gain) + 1)  # plans: the first m proposals of that order, m = 0..M
-        tokens = len(free) + np.concatenate([[0.0], np.cumsum(gain)])  # expected tokens of the next step
-        target_rows = fixed_target_rows + taken
-        blocks = np.concatenate([[0], np.cumsum(1 + self.candidate_offset * first)])  # block rows: k + offset
-        draft_rows = fixed_draft_rows + context_rows + blocks
-        drafting = (taken > 0) | force_draft | (fixed_draft_rows > 0)
-        drafted = self.draft_cost(draft_rows) + self.draft_host_s
-        seconds = self.target_cost(target_rows) + np.where(drafting, drafted, 0.0) + self.host_s
-        rate = tokens / np.maximum(seconds, 1e-9)
-        best = int(np.argmax(rate))
-        if not drafting[0] and drafting[best] and rate[best] < DRAFT_MARGIN * rate[0]:
+        survival = self.survival([s for s, _ in free])
+        # every proposal that may be taken, best first; ties keep request-major order, each request's positions in order
+        order = sorted(
+            (-chance, request, j)
+            for request, ((_, longest), chances) in enumerate(zip(free, survival, strict=True))
+            for j, chance in enumerate(chances[:longest])
+        )
+        tokens, blocks = [float(len(free))], [0]  # of the plans taking the first m proposals, m = 0..M
+        for loss, _, j in order:
+            tokens.append(tokens[-1] - loss)
+            blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
+        target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
+        draft = self.draft_cost(np.array(blocks) + fixed_draft_rows + context_rows).tolist()
+        anyway = force_draft or fixed_draft_rows > 0
+        rates = [
+            tokens[m] / max(target[m] + self.host_s + (draft[m] + self.draft_host_s if m or anyway else 0.0), 1e-9)
+            for m in range(len(tokens))
+        ]
+        best = rates.index(max(rates))  # the fewest proposals among equally good plans
+        if not anyway and best and rates[best] < DRAFT_MARGIN * rates[0]:
             best = 0  # a draft call that is not needed anyway must promise more than the costs' noise
-        return np.bincount(owner[:best], minlength=len(free)).tolist()
+        lengths = [0] * len(free)
+        for _, request, _ in order[:best]:
+            lengths[request] += 1
+        return lengths
 
 
 def _ema(average: float, value: float) -> float:
