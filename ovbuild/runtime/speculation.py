@@ -88,12 +88,14 @@ class CallCost:
         if rows <= 0:
             return
         b = bisect.bisect_left(_BUCKET_EDGES, rows)
-        if self.seen[b] and self.window == 0:
+        recent = self.recent[b]  # plain Python: every model call lands here, right after it (cold caches)
+        if not recent:
+            self.seen[b] = True
+        elif self.window == 0:
             return
-        recent = self.recent[b]
         recent.append((rows, seconds))
-        del recent[: -max(self.window, 1)]
-        self.seen[b] = True
+        if len(recent) > max(self.window, 1):
+            del recent[0]
         self._stale.add(b)
         self._fit = None
 
