@@ -5,6 +5,10 @@ infer(share_outputs=True), PagedModel.run's way (a bare infer() copies every out
 1-row decode call and an 8-row verification call) and on a model that does nothing with the same inputs (the binding
 alone). Side by side in one process, interleaved rounds in shuffled order, median.
 
+Then a decode step's host side alone (its PagedAttention layout and the binding of every input), each timed right after
+a target call as the scheduler runs it, for 1, 4 and 32 sequences: the inputs as numpy arrays (until stop 26) against
+plain lists, which the binder writes straight into its buffers and skips when they equal the last call's.
+
     python bench/bench_lean_calls.py [--rounds 15] [--calls 100]
 """
 
@@ -39,7 +43,8 @@ def call_inputs(model: PagedModel, rows: int) -> dict[str, np.ndarray]:
         "position_ids": np.arange(CONTEXT, CONTEXT + rows),
         "logits_indices": np.arange(rows),
     }
-    return inputs | model.cache.layout([SequenceRows(0, CONTEXT, rows)])
+    layout = model.cache.layout([SequenceRows(0, CONTEXT, rows)])
+    return inputs | {name: np.array(value, np.int32) for name, value in layout.items()}  # arrays, as every way takes
 
 
 def dict_infer(request: ov.InferRequest, binder: InputBinder, dtypes: dict, feeds: dict[str, np.ndarray]) -> None:
@@ -66,6 +71,44 @@ def binder_async(request: ov.InferRequest, binder: InputBinder, dtypes: dict, fe
     binder.bind(feeds)
     request.start_async()
     request.wait()
+
+
+def host_side(target: PagedModel, sequences: int, rounds: int) -> dict[str, float]:
+    """Median seconds of one decode step's layout + binding, timed right after a target call (cold caches), with the
+    inputs as arrays and as lists; bound to spare requests so that the timed calls keep their own binding."""
+    binders = {
+        kind: InputBinder(target.compiled.create_infer_request(), target.compiled.inputs, set(target.cache.names))
+        for kind in ("arrays", "lists")
+    }
+    for seq in range(1, sequences):
+        target.cache.allocator.reserve(seq, 2 * CONTEXT)
+    seconds = {kind: [] for kind in binders}
+    for _ in range(rounds):
+        for step in range(CONTEXT):
+            target.run([SequenceRows(0, CONTEXT, 1)], call_inputs_only(1))
+            kind = random.choice(list(binders))
+            rows = [SequenceRows(seq, CONTEXT + step, 1) for seq in range(sequences)]
+            start = time.perf_counter()
+            feeds = {
+                "input_ids": [5] * sequences,
+                "position_ids": [CONTEXT + step] * sequences,
+                "logits_indices": list(range(sequences)),
+            }
+            feeds |= target.cache.layout(rows)
+            if kind == "arrays":  # one array per input, as the scheduler and the layout made them until stop 26
+                feeds = {
+                    name: np.array(value, np.int64 if "_ids" in name else np.int32) for name, value in feeds.items()
+                }
+            binders[kind].bind(feeds)
+            seconds[kind].append(time.perf_counter() - start)
+    for seq in range(1, sequences):
+        target.cache.allocator.free(seq)
+    return {kind: statistics.median(values) for kind, values in seconds.items()}
+
+
+def call_inputs_only(rows: int) -> dict[str, np.ndarray]:
+    """The model inputs of a call of `rows` rows after CONTEXT cached tokens (PagedModel.run adds the layout)."""
+    return {"input_ids": np.full(rows, 5), "position_ids": np.arange(CONTEXT, CONTEXT + rows), "logits_indices": [0]}
 
 
 def empty_request(like: PagedModel) -> ov.InferRequest:
@@ -128,6 +171,10 @@ def main() -> None:
             if way != ours:
                 pairs = zip(seconds[case, way], seconds[case, ours], strict=True)
                 print(f"    {way} / {ours}: {statistics.median(x / y for x, y in pairs):.2f}x")
+    print("\na decode step's layout + binding right after a target call (us, median):")
+    for sequences in (1, 4, 32):
+        host = host_side(target, sequences, max(args.rounds // 3, 3))
+        print(f"  {sequences:>2} sequences: arrays {host['arrays'] * 1e6:5.1f}   lists {host['lists'] * 1e6:5.1f}")
 
 
 if __name__ == "__main__":

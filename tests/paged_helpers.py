@@ -116,7 +116,7 @@ def check_layout(model: PagedModel, rows: list[SequenceRows]) -> None:
     for r in rows:
         if r.seq_id not in allocator.tables:
             allocator.reserve(r.seq_id, RESERVED_TOKENS)
-    layout = model.cache.layout(rows)
+    layout = {name: np.asarray(value) for name, value in model.cache.layout(rows).items()}
     size = allocator.block_size
     blocks = [allocator.tables[r.seq_id][: -(-(r.past_len + r.num_rows) // size)] for r in rows]
     begins = layout["block_indices_begins"]

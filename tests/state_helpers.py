@@ -83,7 +83,7 @@ class ToyHybridTarget:
         self.calls += 1
         for r in rows:
             self.cache.allocator.reserve(r.seq_id, r.past_len + r.num_rows)
-        _, greedy = toy_call(self.states, rows, inputs["input_ids"].tolist(), state_rows)
+        _, greedy = toy_call(self.states, rows, np.asarray(inputs["input_ids"]).tolist(), state_rows)
         wanted = inputs["logits_indices"]
         logits = np.zeros((len(wanted), VOCAB), np.float32)
         logits[np.arange(len(wanted)), greedy[wanted]] = 1.0

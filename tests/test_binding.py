@@ -1,5 +1,5 @@
-"""InputBinder: a call sees exactly the arrays bound for it, whether their buffers are reused, replaced or bound in
-place, and the caller may change its arrays once they are bound."""
+"""InputBinder: a call sees exactly the arrays (or lists) bound for it, whether their buffers are reused, replaced or
+bound in place, and the caller may change its arrays once they are bound."""
 
 from __future__ import annotations
 
@@ -70,3 +70,34 @@ def test_an_unknown_input_name_is_named_in_the_error():
     binder = InputBinder(compiled.create_infer_request(), compiled.inputs)
     with pytest.raises(RuntimeError, match="no_such_input"):
         binder.bind({"no_such_input": np.zeros(2, np.int32)})
+
+
+def test_lists_and_numbers_equal_changed_or_reshaped_and_arrays_in_between():
+    """Plain lists and numbers are written into the held buffers, and skipped when equal to the previous call's: every
+    call still sees its own values, also when an array of the same values' shape was bound in between."""
+    compiled = doubling_model()
+    binder = InputBinder(compiled.create_infer_request(), compiled.inputs)
+    feeds = [
+        ([1, 2, 3], 1.5),
+        ([1, 2, 3], 1.5),  # equal: nothing is written
+        ([4, 5, 6], 2),  # same shape, new values
+        (np.array([7, 8, 9]), np.array(0.5, np.float32)),  # arrays of the same shape overwrite the held buffers
+        ([4, 5, 6], 2),  # equal to the last plain values, but the buffers hold the arrays' values now
+        ([1], 3.0),  # a new shape
+        ([], 3.0),
+        ([1, 2], 2),
+    ]
+    for x, scale in feeds:
+        y, s = call(binder, {"x": x, "scale": scale})
+        np.testing.assert_array_equal(y, 2 * np.asarray(x, np.float32))
+        assert s == np.float32(scale)
+
+
+def test_a_list_may_change_after_binding():
+    compiled = doubling_model()
+    binder = InputBinder(compiled.create_infer_request(), compiled.inputs)
+    x = [1, 2, 3]
+    call(binder, {"x": x, "scale": 1.0})
+    x[0] = 100  # the caller reuses its list: the next bind of it must not look unchanged
+    y, _ = call(binder, {"x": x, "scale": 1.0})
+    np.testing.assert_array_equal(y, [200, 4, 6])

@@ -377,6 +377,20 @@ MUTANTS = (
         CALLS,
     ),
     Mutant(
+        "binder-array-leaves-plain-values-noted",
+        "ovbuild/runtime/binding.py",
+        "            self._written.pop(i, None)\n",
+        "            pass\n",
+        CALLS,
+    ),
+    Mutant(
+        "binder-plain-list-not-copied",
+        "ovbuild/runtime/binding.py",
+        "self._written[i] = list(value) if type(value) is list else value",
+        "self._written[i] = value",
+        CALLS,
+    ),
+    Mutant(
         "padding-blocks-kept",
         "ovbuild/runtime/paged_model.py",
         "self.cache.allocator.free(PAD_SEQUENCE)",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import NamedTuple
 
-import numpy as np
 import openvino as ov
 
 from ovbuild.errors import CacheExhaustedError
@@ -82,17 +81,18 @@ class PagedKVCache:
     def block_size(self) -> int:
         return self.allocator.block_size
 
-    def layout(self, rows: list[SequenceRows]) -> dict[str, np.ndarray]:
-        """PagedAttention inputs for one packed call, reserving blocks for every row it writes."""
-        # Plain lists, one array per input at the end: numpy's per-call overhead outweighs its speed at these sizes.
+    def layout(self, rows: list[SequenceRows]) -> dict[str, list[int] | int]:
+        """PagedAttention inputs for one packed call, as plain lists (the binder writes them into the request's
+        buffers), reserving blocks for every row it writes."""
+        # Plain lists, never arrays: numpy's per-call overhead outweighs its speed at these sizes.
         size, reserve = self.block_size, self.allocator.reserve
         ends = [r.past_len + r.num_rows for r in rows]
         counts = [-(-end // size) for end in ends]  # blocks holding each sequence's rows 0..end-1
         blocks = [b for r, end, n in zip(rows, ends, counts, strict=True) for b in reserve(r.seq_id, end)[:n]]
         return {
-            "past_lens": np.array([r.past_len for r in rows], np.int32),
-            "subsequence_begins": np.array([0, *accumulate([r.num_rows for r in rows])], np.int32),
-            "block_indices": np.array(blocks, np.int32),
-            "block_indices_begins": np.array([0, *accumulate(counts)], np.int32),
-            "max_context_len": np.array(max(ends, default=0), np.int32),
+            "past_lens": [r.past_len for r in rows],
+            "subsequence_begins": [0, *accumulate([r.num_rows for r in rows])],
+            "block_indices": blocks,
+            "block_indices_begins": [0, *accumulate(counts)],
+            "max_context_len": max(ends, default=0),
         }

@@ -62,6 +62,7 @@ def pad_inputs(inputs: dict[str, np.ndarray], pad: int) -> dict[str, np.ndarray]
     """`inputs` with `pad` rows appended to every per-row input (position_ids 0..pad-1, the others ROW_INPUTS)."""
     padded = dict(inputs)
     for name, value in inputs.items():
+        value = np.asarray(value)  # lists too (ovbuild.runtime.binding takes either)
         if name == "position_ids":
             padded[name] = np.concatenate([value, np.arange(pad, dtype=value.dtype)])
         elif name in ROW_INPUTS:

@@ -191,11 +191,7 @@ class Scheduler:
         start = time.perf_counter()
         out = self.target.run(
             rows,
-            {
-                "input_ids": np.array(ids, np.int64),
-                "position_ids": np.array(positions, np.int64),
-                "logits_indices": np.array(wanted, np.int64),
-            },
+            {"input_ids": ids, "position_ids": positions, "logits_indices": wanted},  # lists: see InputBinder
             state_rows,
         )
         seconds = time.perf_counter() - start
