@@ -126,9 +126,8 @@ MUTANTS = (
     Mutant(
         "kv-begins-from-reserved",
         "ovbuild/runtime/kv_cache.py",
-        '"block_indices_begins": np.array([0, *accumulate(counts)], np.int32)',
-        '"block_indices_begins": np.array([0, *accumulate(len(self.allocator.tables[r.seq_id]) for r in rows)], '
-        "np.int32)",
+        '"block_indices_begins": [0, *accumulate(counts)]',
+        '"block_indices_begins": [0, *accumulate(len(self.allocator.tables[r.seq_id]) for r in rows)]',
         PARITY,
     ),
     # -- the shared RoPE code (graph builders only since the reference computes its own) ------------------------------
@@ -243,8 +242,8 @@ MUTANTS = (
     Mutant(
         "kv-max-context-without-new-rows",
         "ovbuild/runtime/kv_cache.py",
-        '"max_context_len": np.array(max(ends, default=0), np.int32)',
-        '"max_context_len": np.array(max((r.past_len for r in rows), default=0), np.int32)',
+        '"max_context_len": max(ends, default=0)',
+        '"max_context_len": max((r.past_len for r in rows), default=0)',
         PARITY,
     ),
     Mutant(
