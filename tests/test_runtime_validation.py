@@ -13,7 +13,8 @@ from ovbuild.errors import ConfigError, RequestError, UnsupportedError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
-from ovbuild.runtime.devices import cpu_kv_precisions
+from ovbuild.runtime import devices
+from ovbuild.runtime.devices import cpu_kv_precisions, draft_inference_precision
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
@@ -255,6 +256,20 @@ def test_cpu_kv_precisions_follow_the_plugins_compute_precision():
     assert cpu_kv_precisions(with_bf16, None) == ("u8", "f16", "bf16")
     assert cpu_kv_precisions(with_bf16, "f32") == ("u8", "f16", "f32")
     assert cpu_kv_precisions(["FP16", *with_bf16], "f16") == ("u8", "f16")
+
+
+@pytest.mark.parametrize("flags", [{"avx2"}, {"avx2", "avx512f", "avx512_bf16"}, {"avx512_bf16", "amx_bf16"}])
+def test_a_draft_runs_in_f32_on_a_cpu_without_amx_unless_told_otherwise(flags, monkeypatch):
+    """The draft's default inference precision: f32 on a CPU without AMX (bf16 math cost a draft more there than it
+    saved), the device's own with AMX; a requested precision, a bf16 cache (bf16 math only) and other devices keep
+    theirs."""
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset(flags))
+    amx = "amx_bf16" in flags
+    assert draft_inference_precision("CPU", None, "u8") == (None if amx else "f32")
+    assert draft_inference_precision("CPU", None, "f16") == (None if amx else "f32")
+    assert draft_inference_precision("CPU", "bf16", "u8") == "bf16"
+    assert draft_inference_precision("CPU", None, "bf16") is None
+    assert draft_inference_precision("GPU", None, "u8") is None
 
 
 def test_results_written_to_json_after_the_checks(folders, tmp_path, capsys):

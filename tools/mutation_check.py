@@ -390,6 +390,13 @@ MUTANTS = (
         CALLS,
     ),
     Mutant(
+        "draft-precision-device-default-everywhere",
+        "ovbuild/runtime/devices.py",
+        'return None if "amx_bf16" in cpu_flags() else "f32"',
+        "return None",
+        ("tests/test_runtime_validation.py",),
+    ),
+    Mutant(
         "padding-blocks-kept",
         "ovbuild/runtime/paged_model.py",
         "self.cache.allocator.free(PAD_SEQUENCE)",

@@ -106,7 +106,8 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft-inference-precision",
         choices=INFERENCE_PRECISIONS,
-        help="draft inference precision (default: the device's own)",
+        help="draft inference precision (default: f32 on a CPU without AMX, where a draft runs faster in it; "
+        "elsewhere the device's own)",
     )
     p.add_argument(
         "--cache-mb",
@@ -146,7 +147,7 @@ def runtime_options(args: argparse.Namespace):
 
 def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
     """The options of add_runtime_arguments, checked before any model is read (messages name the options)."""
-    from ovbuild.runtime.devices import check_device, check_kv_precision
+    from ovbuild.runtime.devices import check_device, check_kv_precision, draft_inference_precision
     from ovbuild.runtime.validation import check_cache_mb, check_positive_int
 
     check_device(args.device)
@@ -154,9 +155,10 @@ def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
     check_kv_precision(args.device, args.kv_cache_precision, args.inference_precision, "--kv-cache-precision")
     if with_draft:
         check_cache_mb(args.draft_cache_mb, "--draft-cache-mb")
-        check_kv_precision(
-            args.device, args.draft_kv_cache_precision, args.draft_inference_precision, "--draft-kv-cache-precision"
+        precision = draft_inference_precision(
+            args.device, args.draft_inference_precision, args.draft_kv_cache_precision
         )
+        check_kv_precision(args.device, args.draft_kv_cache_precision, precision, "--draft-kv-cache-precision")
     if args.max_model_len is not None:
         check_positive_int(args.max_model_len, "--max-model-len")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ir import core
+from ovbuild.runtime.machine import cpu_flags
 from ovbuild.runtime.paged_model import KV_PRECISIONS
 
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")  # take real devices after a colon: "AUTO:GPU,CPU"
@@ -57,3 +58,16 @@ def check_kv_precision(device: str, kv_cache_precision: str, inference_precision
         raise UnsupportedError(
             f"{name} '{kv_cache_precision}' does not run on {device} at {at} (choices: {', '.join(choices)})"
         )
+
+
+def draft_inference_precision(device: str, requested: str | None, kv_cache_precision: str) -> str | None:
+    """The inference precision a draft compiles with: the one requested; else f32 on a CPU without AMX (unless its
+    cache is bf16, which needs bf16 math); else the device's default (None).
+
+    A draft's calls are a few rows through a few layers: on a CPU whose bf16 is AVX-512 without AMX, the plugin's
+    default bf16 math spends more on reorders between f32 and bf16 than it saves. The demo draft in speculative steps
+    took 1.00-1.21x longer per step in bf16 than in f32 over five runs (bench/bench_draft_precision.py and one-offs
+    before it) and proposed the same tokens. AMX's bf16 matrix units are another matter: there the default stays."""
+    if requested is not None or not device.upper().startswith("CPU") or kv_cache_precision == "bf16":
+        return requested
+    return None if "amx_bf16" in cpu_flags() else "f32"

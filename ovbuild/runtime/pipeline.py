@@ -15,7 +15,7 @@ from ovbuild.contract import MODEL_FILE, Identity
 from ovbuild.errors import ConfigError, ExportError, RequestError
 from ovbuild.families import DRAFTERS
 from ovbuild.graph.ir import read_ir
-from ovbuild.runtime.devices import check_device, check_kv_precision
+from ovbuild.runtime.devices import check_device, check_kv_precision, draft_inference_precision
 from ovbuild.runtime.drafters import Drafter
 from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
 from ovbuild.runtime.metrics import RunMetrics
@@ -41,7 +41,8 @@ class ModelOptions:
 # numbers. f32 math keeps row-count effects below ties, and an f16 cache stores each token on its own, whereas u8
 # keys are quantized per channel across a cache block, so a rolled-back row shifts its neighbours' scales
 # (measured on the tiny pair: 16/16 requests identical with f16 + f32, 9/16 with the u8 + bf16 device defaults).
-# The draft only affects acceptance, never output, so it runs as fast as the device allows.
+# The draft only affects acceptance, never output, so it runs as fast as the device allows (its inference precision
+# None: ovbuild.runtime.devices.draft_inference_precision picks it for the device).
 EXACT_TARGET = ModelOptions(kv_cache_precision="f16", inference_precision="f32", cache_mb=512)
 FAST_DRAFT = ModelOptions(kv_cache_precision="u8", inference_precision=None, cache_mb=256)
 
@@ -162,7 +163,7 @@ def load_drafter(folder: str | Path, options: RuntimeOptions, model: ov.Model | 
         model,
         device=options.device,
         kv_cache_precision=options.draft.kv_cache_precision,
-        inference_precision=options.draft.inference_precision,
+        inference_precision=draft_precision(options),
         cache_mb=options.draft.cache_mb,
         **options.draft_options,
     )
@@ -184,6 +185,12 @@ def drafter_class(folder: str | Path, model: ov.Model, options: RuntimeOptions) 
     return drafter
 
 
+def draft_precision(options: RuntimeOptions) -> str | None:
+    """The draft's inference precision on the options' device (ovbuild.runtime.devices.draft_inference_precision)."""
+    draft = options.draft
+    return draft_inference_precision(options.device, draft.inference_precision, draft.kv_cache_precision)
+
+
 def read_draft_ir(folder: str | Path) -> ov.Model:
     """The main IR of a draft folder."""
     if not (Path(folder) / MODEL_FILE).exists():
@@ -197,9 +204,8 @@ def check_options(options: RuntimeOptions, with_draft: bool) -> None:
     models = [("target", options.target), ("draft", options.draft)] if with_draft else [("target", options.target)]
     for name, model in models:
         check_cache_mb(model.cache_mb, f"{name} cache_mb")
-        check_kv_precision(
-            options.device, model.kv_cache_precision, model.inference_precision, f"{name} kv_cache_precision"
-        )
+        precision = draft_precision(options) if name == "draft" else model.inference_precision
+        check_kv_precision(options.device, model.kv_cache_precision, precision, f"{name} kv_cache_precision")
     if options.max_model_len is not None:
         check_positive_int(options.max_model_len, "max_model_len")
 
