@@ -52,8 +52,8 @@ DRAFT_MARGIN = 1.05
 FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
 # Steps without a plan, at most, while the last plans drafted for nobody. Such a plan's inputs barely move (no
 # verification adds evidence; idle fading only pulls requests back to the run-wide estimate), and a plan run right
-# after a model call costs ~0.27 ms here (cold caches, ~45 small numpy calls, 5x its hot cost): at every 8th step
-# plans were 3% of a 1-request step on the demo pair (bench/bench_host.py).
+# after a model call cost ~0.27 ms here in numpy (cold caches: 5x its warm cost) and still ~0.1 ms in plain Python:
+# at every 8th step plans were 3% of a 1-request step on the demo pair.
 MAX_PLAN_BACKOFF = 32
 # A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
 # within this many steps however far the planner had backed off.
@@ -264,8 +264,8 @@ class Speculation:
             for j, chance in enumerate(chances[:longest])
         )
         tokens, blocks = [float(len(free))], [0]  # of the plans taking the first m proposals, m = 0..M
-        for loss, _, j in order:
-            tokens.append(tokens[-1] - loss)
+        for negative_chance, _, j in order:
+            tokens.append(tokens[-1] - negative_chance)
             blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
         target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
         draft = self.draft_cost(np.array(blocks) + fixed_draft_rows + context_rows).tolist()
