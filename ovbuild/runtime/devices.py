@@ -67,7 +67,9 @@ def draft_inference_precision(device: str, requested: str | None, kv_cache_preci
     A draft's calls are a few rows through a few layers: on a CPU whose bf16 is AVX-512 without AMX, the plugin's
     default bf16 math spends more on reorders between f32 and bf16 than it saves. The demo draft in speculative steps
     took 1.00-1.21x longer per step in bf16 than in f32 over five runs (bench/bench_draft_precision.py and one-offs
-    before it) and proposed the same tokens. AMX's bf16 matrix units are another matter: there the default stays."""
+    before it) and proposed the same tokens; a draft shaped like z-lab/Qwen3-4B-DFlash-b16 (int8 weights, its calls
+    bound by the 151936-row lm_head) took the same in both (1.00-1.03x). AMX's bf16 matrix units are another matter:
+    there the default stays."""
     if requested is not None or not device.upper().startswith("CPU") or kv_cache_precision == "bf16":
         return requested
     return None if "amx_bf16" in cpu_flags() else "f32"
