@@ -15,12 +15,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ovbuild.demo import shipped_pair
-from ovbuild.export import export
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 
+from bench_row_padding import export_pair
 from bench_vs_genai import PROMPTS
 
 PRECISIONS = {"bf16 (device default)": "bf16", "f32": "f32"}
@@ -49,9 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     print(describe())
     with tempfile.TemporaryDirectory(prefix="ovbuild_draft_precision_") as tmp:
-        target_ckpt, draft_ckpt = shipped_pair()
-        target = export(target_ckpt, Path(tmp) / "target", draft_of=draft_ckpt, quiet=True).out
-        draft = export(draft_ckpt, Path(tmp) / "draft", target_model=target_ckpt, quiet=True).out
+        target, draft = export_pair(Path(tmp))
         pipelines = {
             name: Pipeline(
                 target,

@@ -21,6 +21,7 @@ from ovbuild.runtime.machine import describe
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 
+from bench_row_padding import export_pair
 from bench_vs_genai import PROMPTS
 
 
@@ -41,10 +42,8 @@ def main() -> None:
     args = parser.parse_args()
     print(describe())
     with tempfile.TemporaryDirectory(prefix="ovbuild_host_") as tmp:
-        target_ckpt, draft_ckpt = shipped_pair()
-        tapped = export(target_ckpt, Path(tmp) / "target", draft_of=draft_ckpt, quiet=True).out
-        draft = export(draft_ckpt, Path(tmp) / "draft", target_model=target_ckpt, quiet=True).out
-        alone = export(target_ckpt, Path(tmp) / "alone", quiet=True).out
+        tapped, draft = export_pair(Path(tmp))
+        alone = export(shipped_pair()[0], Path(tmp) / "alone", quiet=True).out
         options = RuntimeOptions(target=ModelOptions(EXACT_TARGET.kv_cache_precision, "f32", 256))
         with_draft, without = Pipeline(tapped, draft, options), Pipeline(alone, None, options)
         modes = {

@@ -57,12 +57,17 @@ def draft_call(drafter: BlockDrafter, context_rows: int) -> float:
     return seconds
 
 
-def demo_pair(folder: Path) -> tuple[PagedModel, Path, Path]:
-    """The shipped pair exported into `folder`: the target compiled with CONTEXT tokens of sequence 0 cached (what
-    target_call continues), and the target's and the draft's folders."""
+def export_pair(folder: Path) -> tuple[Path, Path]:
+    """The shipped pair exported into `folder`: the target with the taps its draft reads, and the draft."""
     target_ckpt, draft_ckpt = shipped_pair()
     target_dir = export(target_ckpt, folder / "target", draft_of=draft_ckpt, quiet=True).out
-    draft_dir = export(draft_ckpt, folder / "draft", target_model=target_ckpt, quiet=True).out
+    return target_dir, export(draft_ckpt, folder / "draft", target_model=target_ckpt, quiet=True).out
+
+
+def demo_pair(folder: Path) -> tuple[PagedModel, Path, Path]:
+    """The shipped pair exported into `folder` (export_pair): the target compiled with CONTEXT tokens of sequence 0
+    cached (what target_call continues), and the target's and the draft's folders."""
+    target_dir, draft_dir = export_pair(folder)
     target = PagedModel(read_ir(target_dir), "CPU", "f16", "f32")
     target.run([SequenceRows(0, 0, CONTEXT)], {"input_ids": np.full(CONTEXT, 5), "position_ids": np.arange(CONTEXT)})
     return target, target_dir, draft_dir
