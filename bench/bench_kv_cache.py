@@ -3,8 +3,10 @@
 Exact here means what speculative decoding needs: with the same cache configuration, the speculative output equals
 the target alone token for token. Each configuration serves 32 code prompts (96 new tokens) alone, then with a draft
 steered to propose the target's own continuation with a wrong token at a random position (so that every step writes
-rows that are then rolled back), at K = 3, 7 and the adaptive choice. Then it times one decode row per sequence at
-several context lengths (best of a few rounds, configurations interleaved).
+rows that are then rolled back), at K = 3, 7 and the adaptive choice. With bf16 math, verification rows run as one
+k-row subsequence per request too (what ovbuild did until stop 27) against a 1-row subsequence per row (what it does
+on CPU). Then it times one decode row per sequence at several context lengths (best of a few rounds, configurations
+interleaved).
 
     python bench/bench_kv_cache.py
 """
@@ -32,25 +34,39 @@ from ovbuild.testing.steered import SteeredDrafter
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_vs_genai import PROMPTS
 
-# name: (KV_CACHE_PRECISION, extra plugin properties); ovbuild's u8 is per-token keys, the plugin's default per channel
+# name: (KV_CACHE_PRECISION, inference precision, extra plugin properties, verification rows as 1-row subsequences);
+# ovbuild's u8 is per-token keys, the plugin's default per channel
 CONFIGS = {
-    "f32": ("f32", {}),
-    "f16": ("f16", {}),
-    "u8, keys per channel (plugin default)": ("u8", {"KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}),
-    "u8, keys per token (ovbuild's u8)": ("u8", {}),
+    "f32": ("f32", "f32", {}, True),
+    "f16": ("f16", "f32", {}, True),
+    "u8, keys per channel (plugin default)": ("u8", "f32", {"KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}, True),
+    "u8, keys per token (ovbuild's u8)": ("u8", "f32", {}, True),
+    "bf16 math, f16, k-row subsequences": ("f16", "bf16", {}, False),
+    "bf16 math, f16": ("f16", "bf16", {}, True),
+    "bf16 math, u8 per token, k-row subsequences": ("u8", "bf16", {}, False),
+    "bf16 math, u8 per token": ("u8", "bf16", {}, True),
 }
+TIMED = (
+    "f32",
+    "f16",
+    "u8, keys per channel (plugin default)",
+    "u8, keys per token (ovbuild's u8)",
+    "bf16 math, f16",
+    "bf16 math, u8 per token",
+)
+LABELS = dict(zip(TIMED, ("f32", "f16", "u8/channel", "u8/token", "bf16+f16", "bf16+u8"), strict=True))
 
 
-LABELS = dict(zip(CONFIGS, ("f32", "f16", "u8/channel", "u8/token"), strict=True))
+def compiled_target(model, config: tuple, blocks: int) -> PagedModel:
+    """The target compiled as `config` says (a CONFIGS value)."""
+    kv, math, extra, row_subsequences = config
+    target = PagedModel(model, kv_cache_precision=kv, inference_precision=math, num_blocks=blocks, properties=extra)
+    target.row_subsequences &= row_subsequences
+    return target
 
 
-def compiled_target(model, kv: str, extra: dict, blocks: int) -> PagedModel:
-    """The target compiled with f32 inference, a `kv` cache and the extra plugin properties."""
-    return PagedModel(model, kv_cache_precision=kv, inference_precision="f32", num_blocks=blocks, properties=extra)
-
-
-def exactness(model, draft_model, prompts, kv, extra) -> dict:
-    alone = Scheduler(compiled_target(model, kv, extra, 512))
+def exactness(model, draft_model, prompts, config: tuple) -> dict:
+    alone = Scheduler(compiled_target(model, config, 512))
     requests = [alone.add_request(p, GenerationConfig(96)) for p in prompts]
     alone.run()
     expected = [r.generated for r in requests]
@@ -58,7 +74,7 @@ def exactness(model, draft_model, prompts, kv, extra) -> dict:
     for k in (3, 7, None):
         label = "adaptive" if k is None else f"K={k}"
         drafter = SteeredDrafter(BlockDrafter(draft_model, num_blocks=512), 1 << 20, seed=k or 0)
-        scheduler = Scheduler(compiled_target(model, kv, extra, 512), drafter)
+        scheduler = Scheduler(compiled_target(model, config, 512), drafter)
         spec = [scheduler.add_request(p, GenerationConfig(96, num_assistant_tokens=k)) for p in prompts]
         for request, tokens in zip(spec, expected, strict=True):
             drafter.truths[request.id] = [*request.prompt.tolist(), *tokens]
@@ -95,10 +111,10 @@ def main() -> None:
         target_dir, draft_dir = export_pair(*shipped_pair(), Path(tmp))
         model, draft_model = read_ir(target_dir), read_ir(draft_dir)
         prompts = [Pipeline(target_dir).encode(p) for p in PROMPTS]
-        print("exactness: 32 prompts x 96 tokens, speculative (steered draft) vs the target alone, same cache")
-        for name, (kv, extra) in CONFIGS.items():
-            print(f"  {name:<40} identical requests: {exactness(model, draft_model, prompts, kv, extra)}")
-        targets = {name: compiled_target(model, kv, extra, 1100) for name, (kv, extra) in CONFIGS.items()}
+        print("exactness: 32 prompts x 96 tokens, speculative (steered draft) vs the target alone, same configuration")
+        for name, config in CONFIGS.items():
+            print(f"  {name:<44} identical requests: {exactness(model, draft_model, prompts, config)}")
+        targets = {name: compiled_target(model, CONFIGS[name], 1100) for name in TIMED}
         print("decode call, one row per sequence (ms, best quartile of 30 calls, configurations interleaved):")
         for seqs, past in ((1, 100), (1, 2000), (1, 4000), (8, 2000), (16, 2000)):
             best = {name: min(decode_ms(t, seqs, past) for _ in range(3)) for name, t in targets.items()}

@@ -77,6 +77,7 @@ class ToyHybridTarget:
         self.cache.allocator = BlockAllocator(num_blocks, 16)
         self.states = StatePool(SPECS, slots)
         self.cache_manager = BlocksAndSlots(self.cache.allocator, self.states)
+        self.row_subsequences = False  # as PagedModel: a sequence with states steps its rows in one subsequence
         self.calls = 0
 
     def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows=None) -> dict[str, np.ndarray]:

@@ -208,3 +208,23 @@ def test_default_runtime_options_are_exact(models, kv):
     steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
     assert run(steered, arrivals, truths=alone) == alone
     assert_accepted(steered, 7, every_length=False)
+
+
+def test_bf16_math_is_exact_with_one_row_verification_subsequences(models):
+    """With bf16 math a k-row subsequence rounds differently from k 1-row decode steps (its own attention kernel),
+    so verification runs each row as a subsequence of its own: speculation stays lossless against the target alone
+    at the same precision, with rolled-back rows on most steps. (A CPU without bf16 units computes this in f32.)"""
+    target_model, draft_model = models
+    rng = np.random.default_rng(7)
+    configs = [GenerationConfig(max_new_tokens=32, num_assistant_tokens=k) for k in (None, 3, 7)]
+    arrivals = [(int(rng.integers(0, 3)), p, configs[i % 3]) for i, p in enumerate(prompts(rng, 12))]
+
+    def scheduler(drafter):
+        target = PagedModel(target_model, "CPU", "u8", "bf16")
+        assert target.row_subsequences
+        return Scheduler(target, drafter, speculation=fixed_speculation(drafter))
+
+    alone = run(scheduler(None), arrivals)
+    steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, kv_cache_precision="u8"), VOCAB, seed=7))
+    assert run(steered, arrivals, truths=alone) == alone
+    assert_accepted(steered, 7, every_length=False)

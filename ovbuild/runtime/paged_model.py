@@ -99,6 +99,13 @@ class PagedModel:
         self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
         # a hybrid target's states are per sequence: its calls run unpadded (a padding sequence would need their inputs)
         self.padding = RowPadding(*padding) if self.states is None and padding is not None else None
+        # Whether a sequence's rows may run as 1-row subsequences, each after the ones before it: the CPU plugin
+        # writes every subsequence's keys and values before attending, so each row sees the rows before it, through
+        # the kernel a 1-row decode runs. A k-row subsequence runs another kernel, which rounds differently in bf16:
+        # speculative output diverged from the target alone's with bf16 math, and is identical with 1-row
+        # subsequences (bench/bench_kv_cache.py). Untested on other devices; a hybrid target's states are per
+        # sequence and step row by row in one subsequence.
+        self.row_subsequences = device.upper().startswith("CPU") and self.states is None
 
     @property
     def cache_manager(self) -> CacheManager:

@@ -2,8 +2,9 @@
 
 Each step:
   1. admit waiting requests whose worst-case length fits both caches (others wait; nothing is ever evicted);
-  2. one target call packs the verification rows [anchor, d1..dk] of decoding requests and prompt chunks of
-     prefilling ones (bounded by max_num_batched_tokens);
+  2. one target call packs the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a 1-row
+     subsequence, so that it rounds as a decode step does) and prompt chunks of prefilling ones (bounded by
+     max_num_batched_tokens);
   3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token
      (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits);
      the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them; a hybrid
@@ -180,7 +181,12 @@ class Scheduler:
         state_rows = [] if self.states is not None else None
         for request, tokens, want in batch:
             begin = len(ids)
-            rows.append(SequenceRows(request.id, request.target_len, len(tokens)))
+            if request.status is Status.DECODE and self.target.row_subsequences:
+                # each verification row a subsequence of its own, attending to the rows before it in the cache: the
+                # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel)
+                rows += [SequenceRows(request.id, request.target_len + i, 1) for i in range(len(tokens))]
+            else:
+                rows.append(SequenceRows(request.id, request.target_len, len(tokens)))
             if state_rows is not None:
                 # states after every verification row (the last accepted one is kept), after a prompt chunk's last row
                 decoding = request.status is Status.DECODE
