@@ -28,14 +28,18 @@ class Outputs:
         return nmse(a, b)
 
 
-def run_target(model: PagedModel, ref, taps: tuple[int, ...], schedule) -> Outputs:
-    """schedule: calls of [(seq, token_ids, n_commit)]; rows beyond n_commit are rolled back afterwards."""
+def run_target(model: PagedModel, ref, taps: tuple[int, ...], schedule, row_subsequences: bool = False) -> Outputs:
+    """schedule: calls of [(seq, token_ids, n_commit)]; rows beyond n_commit are rolled back afterwards.
+    row_subsequences: every row a 1-row subsequence of its own (as the scheduler runs verification rows on CPU)."""
     out, committed, caches = Outputs(), {}, {}
     for call in schedule:
         rows, ids, pos = [], [], []
         for seq, toks, _ in call:
             past = committed.get(seq, 0)
-            rows.append(SequenceRows(seq, past, len(toks)))
+            if row_subsequences:
+                rows += [SequenceRows(seq, past + i, 1) for i in range(len(toks))]
+            else:
+                rows.append(SequenceRows(seq, past, len(toks)))
             ids += list(toks)
             pos += range(past, past + len(toks))
         n = len(ids)

@@ -9,11 +9,12 @@ from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import read_ir, save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
-from ovbuild.testing import F32_NMSE, write_tiny_dflash, write_tiny_target
+from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
 
@@ -61,6 +62,33 @@ def test_target_matches_reference(target, padding):
     for call in out.ir:
         for seq in call.values():
             assert np.array_equal(seq["greedy_ids"], seq["logits"].argmax(-1))
+
+
+def test_one_row_subsequences_see_the_rows_before_them_in_the_call(target):
+    """Every row of every sequence as a 1-row subsequence (how the scheduler verifies on CPU): each row attends to the
+    rows its sequence's earlier subsequences write in the same call, as the reference's rows do."""
+    model, ref = target_pair(target)
+    out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE, row_subsequences=True)
+    print(f"1-row subsequences vs reference: logits NMSE {out.nmse('logits'):.2e}")
+    assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("hidden_states") < F32_NMSE, f"hidden_states NMSE {out.nmse('hidden_states'):.2e}"
+
+
+@pytest.mark.parametrize("math", ["f32", "bf16"])
+def test_taps_leave_the_logits_of_the_target_alone(target, math):
+    """A target built with taps computes bitwise the logits of the same target built without them, in f32 and in
+    bf16 math (f32 on a CPU without bf16 units): a tap must not change how the plugin runs the layers it reads, or
+    speculative output would differ from the target alone's. Its taps come back as f32 numbers near the reference's."""
+    cfg, weights = target
+    tapped, alone = (PagedModel(build_target(cfg, weights, taps), "CPU", "f16", math) for taps in ((1, 3, 5), ()))
+    rows = [SequenceRows(0, 0, 17), SequenceRows(1, 0, 9)]
+    inputs = {"input_ids": tokens(26), "position_ids": [*range(17), *range(9)], "logits_indices": list(range(26))}
+    with_taps = tapped.run(rows, inputs)
+    assert np.array_equal(with_taps["logits"], alone.run(rows, inputs)["logits"])
+    ref = Qwen3Reference(cfg, weights)
+    _, hidden = ref.forward(ref.new_cache(), np.array(inputs["input_ids"][:17]), (1, 3, 5))
+    assert with_taps["hidden_states"].dtype == np.float32
+    assert nmse(with_taps["hidden_states"][:17], hidden) < 1e-3  # bf16 math through the layers: about 1e-4
 
 
 @pytest.mark.parametrize("padding", [None, DRAFT_PADDING], ids=["unpadded", "padded"])

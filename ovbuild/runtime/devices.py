@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ir import core
-from ovbuild.runtime.machine import cpu_flags
+from ovbuild.runtime.machine import cpu_flags, cpu_runtime_precision
 from ovbuild.runtime.paged_model import KV_PRECISIONS
 
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")  # take real devices after a colon: "AUTO:GPU,CPU"
@@ -34,16 +34,6 @@ def cpu_kv_precisions(capabilities: list[str], inference_precision: str | None) 
     it computes in bf16 and an f32 cache only when it computes in f32 (measured on 2026.4: "expect kvcache type")."""
     runtime = cpu_runtime_precision(capabilities, inference_precision)
     return tuple(p for p in KV_PRECISIONS if p in ("u8", "f16") or p == runtime)
-
-
-def cpu_runtime_precision(capabilities: list[str], inference_precision: str | None) -> str:
-    """What the CPU plugin computes in: the hint when the CPU has units for it, else bf16 when it has bf16 units
-    (its default and its stand-in for an f16 hint without f16 units), else f32."""
-    if inference_precision == "f32":
-        return "f32"
-    if inference_precision == "f16" and "FP16" in capabilities:
-        return "f16"
-    return "bf16" if "BF16" in capabilities else "f32"
 
 
 def check_kv_precision(device: str, kv_cache_precision: str, inference_precision: str | None, name: str) -> None:

@@ -32,6 +32,16 @@ def has_int8_dot_product() -> bool:
     return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
+def cpu_runtime_precision(capabilities: list[str], inference_precision: str | None) -> str:
+    """What the CPU plugin computes in: the hint when the CPU has units for it, else bf16 when it has bf16 units
+    (its default and its stand-in for an f16 hint without f16 units), else f32."""
+    if inference_precision == "f32":
+        return "f32"
+    if inference_precision == "f16" and "FP16" in capabilities:
+        return "f16"
+    return "bf16" if "BF16" in capabilities else "f32"
+
+
 def describe() -> str:
     """One line: CPU model, its kernel-relevant flags, and the CPU plugin's capabilities and default precision."""
     from ovbuild.graph.ir import core

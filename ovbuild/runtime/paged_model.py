@@ -11,6 +11,7 @@ from ovbuild.graph.ir import core
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
+from ovbuild.runtime.machine import cpu_runtime_precision
 from ovbuild.runtime.padding import PAD_SEQUENCE, ROW_OUTPUTS, RowPadding, pad_inputs, padding_rows
 from ovbuild.runtime.state_pool import StatePool, state_specs
 
@@ -20,6 +21,7 @@ INFERENCE_PRECISIONS = ("f32", "bf16", "f16")  # INFERENCE_PRECISION_HINT values
 # most STATE_SHARE of the budget (the KV blocks get the rest; admission waits for both).
 DEFAULT_STATE_SLOTS = 32
 STATE_SHARE = 0.5
+TAPS = "hidden_states"  # a target's taps output: the hidden states of the layers its draft reads
 
 
 def compile_config(
@@ -72,6 +74,7 @@ class PagedModel:
         budget, see DEFAULT_STATE_SLOTS). padding: (min_pad, share) of the RowPadding that runs a call of fewer rows
         than the recent ones padded up to their row count (ovbuild.runtime.padding); None = every call as it is."""
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
+        model, self.widened = taps_in_math_precision(model, device, config.get("INFERENCE_PRECISION_HINT"))
         try:
             self.compiled = core().compile_model(model, device, config)
         except RuntimeError as e:
@@ -144,6 +147,8 @@ class PagedModel:
             # them (logits: rows x vocab floats), and start_async + wait costs a thread hand-off
             # (bench/bench_lean_calls.py)
             outputs = dict(zip(self.output_names, self.request.infer(share_outputs=True).to_tuple(), strict=True))
+            for name in self.widened:
+                outputs[name] = bf16_to_f32(outputs[name])
         finally:
             if pad:
                 self.cache.allocator.free(PAD_SEQUENCE)
@@ -156,6 +161,31 @@ class PagedModel:
     def free(self, seq_id: int) -> None:
         """Return the sequence's cache blocks (and its state slot)."""
         self.cache_manager.free(seq_id)
+
+
+def taps_in_math_precision(model: ov.Model, device: str, inference_precision: str | None) -> tuple[ov.Model, tuple]:
+    """The model with its taps output (TAPS) in bf16 when the CPU plugin computes in bf16, and the outputs so changed.
+
+    The plugin keeps in f32 every node between an f32 output and the matmuls before it: a target's taps, read from
+    the residual stream of several layers, kept that whole stream in f32 up to the last tap (25 more nodes on the demo
+    target), so the target exported for a draft computed other logits than the same target exported alone, and
+    speculative output diverged from the target alone's. An output in the math precision starts no such f32 tail:
+    the logits are then bitwise those of the target alone. A copy is changed: callers compile one model many ways."""
+    names = {o.get_any_name() for o in model.outputs}
+    if TAPS not in names or not device.upper().startswith("CPU"):
+        return model, ()
+    capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if cpu_runtime_precision(capabilities, inference_precision) != "bf16":
+        return model, ()
+    post = ov.preprocess.PrePostProcessor(model.clone())
+    post.output(TAPS).tensor().set_element_type(ov.Type.bf16)
+    return post.build(), (TAPS,)
+
+
+def bf16_to_f32(values: np.ndarray) -> np.ndarray:
+    """An output tensor holding bf16 as f32 (numpy has no bf16: the tensor's bits come as 16-bit numbers)."""
+    # [rows, width] bf16 bits -> the high half of f32 numbers
+    return (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def block_bytes(compiled: ov.CompiledModel) -> int:
