@@ -91,8 +91,12 @@ def spread(total: int, n: int) -> list[int]:
 
 
 def target_call(model: PagedModel, rows: list[int], past: int, rng) -> None:
-    """Sequence s runs rows[s] new rows after `past` cached tokens (the cache is rolled back every call)."""
-    seqs = [SequenceRows(s, past, r) for s, r in enumerate(rows)]
+    """Sequence s runs rows[s] new rows after `past` cached tokens (the cache is rolled back every call); each row a
+    1-row subsequence where the scheduler verifies so (PagedModel.row_subsequences)."""
+    if model.row_subsequences:
+        seqs = [SequenceRows(s, past + i, 1) for s, r in enumerate(rows) for i in range(r)]
+    else:
+        seqs = [SequenceRows(s, past, r) for s, r in enumerate(rows)]
     total = sum(rows)
     model.run(
         seqs,

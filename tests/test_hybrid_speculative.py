@@ -120,10 +120,14 @@ def test_random_schedules_with_few_state_slots_are_lossless(hybrid):
 
 
 def test_default_runtime_options_are_exact(hybrid):
-    """The pipeline's target defaults (f16 KV cache on the full layers, f32 math; the states are always f32)."""
+    """The pipeline's target defaults (f16 KV cache on the full layers, f32 math for a target with states; the states
+    are always f32)."""
+    from ovbuild.runtime.devices import target_inference_precision
     from ovbuild.runtime.pipeline import EXACT_TARGET
 
-    kv = dict(kv_cache_precision=EXACT_TARGET.kv_cache_precision, inference_precision=EXACT_TARGET.inference_precision)
+    cache = EXACT_TARGET.kv_cache_precision
+    math = target_inference_precision("CPU", EXACT_TARGET.inference_precision, cache, stateful=True)
+    kv = dict(kv_cache_precision=cache, inference_precision=math)
     rng = np.random.default_rng(5)
     configs = [GenerationConfig(max_new_tokens=20, num_assistant_tokens=k) for k in (None, 7)]
     arrivals = [(0, p, configs[i % 2]) for i, p in enumerate(prompts(rng, 4))]

@@ -14,7 +14,7 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
 from ovbuild.runtime import devices
-from ovbuild.runtime.devices import cpu_kv_precisions, draft_inference_precision
+from ovbuild.runtime.devices import cpu_kv_precisions, draft_inference_precision, target_inference_precision
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
@@ -270,6 +270,22 @@ def test_a_draft_runs_in_f32_on_a_cpu_without_amx_unless_told_otherwise(flags, m
     assert draft_inference_precision("CPU", "bf16", "u8") == "bf16"
     assert draft_inference_precision("CPU", None, "bf16") is None
     assert draft_inference_precision("GPU", None, "u8") is None
+
+
+@pytest.mark.parametrize("flags", [{"avx2"}, {"avx2", "avx512f", "avx512_bf16"}, {"avx512_bf16", "amx_bf16"}])
+def test_a_target_runs_in_bf16_only_where_that_was_measured_exact(flags, monkeypatch):
+    """The target's default inference precision: bf16 on a CPU with AVX-512 bf16 units and no AMX, for a target
+    without states; f32 elsewhere, with an f32 cache and on other devices; the device's own with a bf16 cache; a
+    requested precision is kept."""
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset(flags))
+    bf16 = flags == {"avx2", "avx512f", "avx512_bf16"}
+    assert target_inference_precision("CPU", None, "f16") == ("bf16" if bf16 else "f32")
+    assert target_inference_precision("CPU", None, "u8") == ("bf16" if bf16 else "f32")
+    assert target_inference_precision("CPU", None, "u8", stateful=True) == "f32"
+    assert target_inference_precision("CPU", None, "f32") == "f32"
+    assert target_inference_precision("CPU", None, "bf16") is None
+    assert target_inference_precision("CPU", "f32", "u8") == "f32"
+    assert target_inference_precision("GPU", None, "f16") == "f32"
 
 
 def test_results_written_to_json_after_the_checks(folders, tmp_path, capsys):

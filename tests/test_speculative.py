@@ -187,8 +187,10 @@ def test_metrics_count_what_the_draft_got_right(models):
 
 @pytest.mark.parametrize("kv", ["default", "u8"])
 def test_default_runtime_options_are_exact(models, kv):
-    """The pipeline defaults (f16 target cache, f32 target math, u8 draft cache), and a u8 target cache (keys per
-    token), keep speculation lossless, with rolled-back rows written to the target cache on most steps."""
+    """The pipeline defaults (f16 target cache, the target math chosen for this CPU, u8 draft cache), and a u8 target
+    cache (keys per token), keep speculation lossless, with rolled-back rows written to the target cache on most
+    steps."""
+    from ovbuild.runtime.devices import target_inference_precision
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
     target_model, draft_model = models
@@ -200,8 +202,10 @@ def test_default_runtime_options_are_exact(models, kv):
 
     precision = EXACT_TARGET.kv_cache_precision if kv == "default" else kv
 
+    math = target_inference_precision("CPU", EXACT_TARGET.inference_precision, precision)
+
     def scheduler(drafter):
-        target = PagedModel(target_model, "CPU", precision, EXACT_TARGET.inference_precision)
+        target = PagedModel(target_model, "CPU", precision, math)
         return Scheduler(target, drafter, speculation=fixed_speculation(drafter))
 
     alone = run(scheduler(None), arrivals)

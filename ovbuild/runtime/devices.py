@@ -50,6 +50,31 @@ def check_kv_precision(device: str, kv_cache_precision: str, inference_precision
         )
 
 
+def target_inference_precision(
+    device: str, requested: str | None, kv_cache_precision: str, stateful: bool = False
+) -> str | None:
+    """The inference precision a target compiles with: the one requested; else bf16 on a CPU with AVX-512 bf16 units
+    and no AMX, for a target without linear-attention states (`stateful`); else f32 (None, the device's default, with
+    a bf16 cache, which only bf16 math stores).
+
+    Exactness decides. With verification rows as 1-row subsequences (PagedModel.row_subsequences) and taps in the
+    math precision (taps_in_math_precision), every row of a speculative step is computed as the target alone computes
+    it: with bf16 math 32 of 32 requests were identical to the target alone at K = 3, 7 and adaptive, with f16 and u8
+    caches (bench/bench_kv_cache.py), and the demo target ran 1.1x faster per call than in f32
+    (bench/bench_target_precision.py). Where the matrix units are AMX, a row may round differently with the number of
+    rows in its call, which is not measured: f32 stays there, as on CPUs without bf16 units and on other devices. A
+    hybrid target steps its states through a sequence's rows in one subsequence, so its rows round by their count."""
+    if requested is not None:
+        return requested
+    if kv_cache_precision == "bf16":
+        return None
+    flags = cpu_flags()
+    on_cpu = device.upper().startswith("CPU")
+    if on_cpu and not stateful and kv_cache_precision != "f32" and "avx512_bf16" in flags and "amx_bf16" not in flags:
+        return "bf16"
+    return "f32"
+
+
 def draft_inference_precision(device: str, requested: str | None, kv_cache_precision: str) -> str | None:
     """The inference precision a draft compiles with: the one requested; else f32 on a CPU without AMX (unless its
     cache is bf16, which needs bf16 math); else the device's default (None).

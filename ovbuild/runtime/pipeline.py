@@ -15,7 +15,12 @@ from ovbuild.contract import MODEL_FILE, Identity
 from ovbuild.errors import ConfigError, ExportError, RequestError
 from ovbuild.families import DRAFTERS
 from ovbuild.graph.ir import read_ir
-from ovbuild.runtime.devices import check_device, check_kv_precision, draft_inference_precision
+from ovbuild.runtime.devices import (
+    check_device,
+    check_kv_precision,
+    draft_inference_precision,
+    target_inference_precision,
+)
 from ovbuild.runtime.drafters import Drafter
 from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
 from ovbuild.runtime.metrics import RunMetrics
@@ -24,6 +29,7 @@ from ovbuild.runtime.prompts import prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import Speculation
+from ovbuild.runtime.state_pool import state_specs
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
 
 
@@ -38,12 +44,14 @@ class ModelOptions:
 
 # Exactness decides the target's defaults. Speculative decoding verifies k+1 rows where the target alone runs one
 # and writes rows it later rolls back; greedy output equals the target alone only if neither changes the committed
-# numbers. f32 math keeps row-count effects below ties, and an f16 cache stores each token on its own, whereas u8
-# keys are quantized per channel across a cache block, so a rolled-back row shifts its neighbours' scales
-# (measured on the tiny pair: 16/16 requests identical with f16 + f32, 9/16 with the u8 + bf16 device defaults).
+# numbers. An f16 cache stores each token on its own, whereas the plugin's u8 keys are quantized per channel across
+# a cache block, so a rolled-back row shifts its neighbours' scales (measured on the tiny pair: 16/16 requests
+# identical with f16 + f32, 9/16 with the u8 + bf16 device defaults, before verification rows ran as 1-row
+# subsequences). The math is chosen per device (inference precision None: ovbuild.runtime.devices.
+# target_inference_precision): bf16 where it was measured exact, else f32.
 # The draft only affects acceptance, never output, so it runs as fast as the device allows (its inference precision
 # None: ovbuild.runtime.devices.draft_inference_precision picks it for the device).
-EXACT_TARGET = ModelOptions(kv_cache_precision="f16", inference_precision="f32", cache_mb=512)
+EXACT_TARGET = ModelOptions(kv_cache_precision="f16", inference_precision=None, cache_mb=512)
 FAST_DRAFT = ModelOptions(kv_cache_precision="u8", inference_precision=None, cache_mb=256)
 
 
@@ -86,7 +94,8 @@ class Pipeline:
         self.tokenizer = load_tokenizer(target_dir)
         self.eos_token_ids = eos_token_ids(target_dir)
         t = o.target
-        self.target = PagedModel(model, o.device, t.kv_cache_precision, t.inference_precision, cache_mb=t.cache_mb)
+        math = target_precision(o, stateful=bool(state_specs(model)))
+        self.target = PagedModel(model, o.device, t.kv_cache_precision, math, cache_mb=t.cache_mb)
         self.drafter = load_drafter(draft_dir, o, draft_model) if draft_dir is not None else None
         # one planner for every scheduler of this pipeline: call costs are measured once and keep improving, and the
         # run-wide acceptance carries over from one generate call to the next
@@ -185,6 +194,13 @@ def drafter_class(folder: str | Path, model: ov.Model, options: RuntimeOptions) 
     return drafter
 
 
+def target_precision(options: RuntimeOptions, stateful: bool = False) -> str | None:
+    """The target's inference precision on the options' device (ovbuild.runtime.devices.target_inference_precision);
+    stateful: the target has linear-attention states."""
+    target = options.target
+    return target_inference_precision(options.device, target.inference_precision, target.kv_cache_precision, stateful)
+
+
 def draft_precision(options: RuntimeOptions) -> str | None:
     """The draft's inference precision on the options' device (ovbuild.runtime.devices.draft_inference_precision)."""
     draft = options.draft
@@ -204,7 +220,7 @@ def check_options(options: RuntimeOptions, with_draft: bool) -> None:
     models = [("target", options.target), ("draft", options.draft)] if with_draft else [("target", options.target)]
     for name, model in models:
         check_cache_mb(model.cache_mb, f"{name} cache_mb")
-        precision = draft_precision(options) if name == "draft" else model.inference_precision
+        precision = draft_precision(options) if name == "draft" else target_precision(options)
         check_kv_precision(options.device, model.kv_cache_precision, precision, f"{name} kv_cache_precision")
     if options.max_model_len is not None:
         check_positive_int(options.max_model_len, "max_model_len")

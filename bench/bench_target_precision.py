@@ -1,0 +1,176 @@
+"""The target's math, f32 against bf16, per call: decode rows and verification rows as the scheduler runs them (each
+row a 1-row subsequence), f16 KV cache, side by side in one process (rounds interleaved in shuffled order, the median
+of per-round ratios).
+
+On the shipped demo target, per call and in the pipeline (its prompts, 64 new tokens, the target alone and with the
+draft, one request at a time and 4 and 16 at once; every mode's tokens checked equal to its own target alone), then
+at Qwen/Qwen3-4B's shape (random weights written by bench/shapes.py): int8 weights
+over all 36 layers, and the checkpoint's own bf16 weights over the first LAYERS layers (f32 math widens bf16 weights
+to f32 when it compiles, which two full copies would not fit in this machine's memory). Both with the taps of
+z-lab/Qwen3-4B-DFlash-b16 that fit, as a target exported for its draft has them.
+
+    python bench/bench_target_precision.py [--rounds 9] [--calls 20] [--workdir DIR] [--skip-4b]
+        [--concurrency 1 4 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ovbuild.demo import shipped_pair
+from ovbuild.export import export
+from ovbuild.graph.ir import read_ir
+from ovbuild.graph.targets import build_paged_target
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.machine import describe
+from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
+from ovbuild.runtime.request import GenerationConfig
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.target import load_target
+
+from bench_row_padding import export_pair
+from bench_vs_genai import PROMPTS
+from shapes import QWEN3_4B, write_target
+
+CONTEXT = 256  # cached tokens per sequence before every timed call
+LAYERS = 12  # of the bf16-weight Qwen3-4B shape
+TAPS_4B = (1, 9, 17, 25, 33)  # z-lab/Qwen3-4B-DFlash-b16's target_layer_ids
+# name: (sequences, rows per sequence)
+CALLS = {"decode 1 seq": (1, 1), "verify 1 seq x 5 rows": (1, 5), "decode 4 seq": (4, 1), "verify 4 seq x 5": (4, 5)}
+
+
+def compiled(model, math: str, sequences: int, vocab: int, rng) -> PagedModel:
+    """The target in `math` with an f16 cache, `sequences` sequences of CONTEXT tokens cached."""
+    target = PagedModel(model, "CPU", "f16", math, num_blocks=sequences * (CONTEXT // 16 + 4))
+    for s in range(sequences):
+        feed = {"input_ids": rng.integers(0, vocab, CONTEXT), "position_ids": np.arange(CONTEXT)}
+        target.run([SequenceRows(s, 0, CONTEXT)], feed | {"logits_indices": [CONTEXT - 1]})
+    return target
+
+
+def call(target: PagedModel, sequences: int, rows: int) -> None:
+    """One call of `rows` new rows per sequence after the cached context (rolled back by the next call)."""
+    layout = [SequenceRows(s, CONTEXT + i, 1) for s in range(sequences) for i in range(rows)]
+    n = sequences * rows
+    feed = {"input_ids": [5] * n, "position_ids": [CONTEXT + i for _ in range(sequences) for i in range(rows)]}
+    target.run(layout, feed | {"logits_indices": list(range(n))})
+
+
+def compare(label: str, model_of, vocab: int, rounds: int, calls: int) -> None:
+    """f32 / bf16 time per call for every CALLS entry of the model model_of() builds (compiled twice from one build:
+    the compiled models share its weights where they keep their precision)."""
+    rng = np.random.default_rng(0)
+    model = model_of()
+    targets = {math: compiled(model, math, 4, vocab, rng) for math in ("f32", "bf16")}
+    del model
+    times = {(math, name): [] for math in targets for name in CALLS}
+    for _ in range(rounds + 1):  # round 0 warms every shape up
+        for math, name in random.sample(list(times), len(times)):
+            seconds = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                call(targets[math], *CALLS[name])
+                seconds.append(time.perf_counter() - start)
+            times[(math, name)].append(statistics.median(seconds))
+    print(f"\n{label}: ms per call (median), f32 / bf16 time (median of per-round ratios, min-max)")
+    for name in CALLS:
+        f32, bf16 = times[("f32", name)][1:], times[("bf16", name)][1:]
+        ratios = [a / b for a, b in zip(f32, bf16, strict=True)]
+        print(
+            f"  {name:<22} f32 {statistics.median(f32) * 1e3:7.2f}  bf16 {statistics.median(bf16) * 1e3:7.2f}  "
+            f"-> {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        )
+
+
+def serve_batches(pipeline: Pipeline, batches: list[list[list[int]]]) -> list[list[int]]:
+    """Each batch served at once, 64 new tokens per request (EOS ignored); every request's tokens."""
+    out = []
+    for batch in batches:
+        scheduler = pipeline.scheduler()
+        requests = [scheduler.add_request(p, GenerationConfig(64)) for p in batch]
+        scheduler.run()
+        out += [r.generated for r in requests]
+    return out
+
+
+def pipelines(target_dir: Path, draft_dir: Path, alone_dir: Path, rounds: int, concurrency: list[int]) -> None:
+    """The demo pair served at f32 and bf16 target math (f16 cache), alone and with the draft: time ratios to f32
+    alone within each round."""
+    modes = {}
+    for math in ("f32", "bf16"):
+        options = RuntimeOptions(target=ModelOptions(EXACT_TARGET.kv_cache_precision, math, EXACT_TARGET.cache_mb))
+        modes[(math, "alone")] = Pipeline(alone_dir, None, options)
+        modes[(math, "draft")] = Pipeline(target_dir, draft_dir, options)
+    encode = modes[("f32", "alone")].encode
+    for n in concurrency:
+        prompts = [encode(p) for p in PROMPTS[: max(n, 4)]]
+        batches = [prompts[:n]] if n > 1 else [[p] for p in prompts]
+        serve = {mode: (lambda pipe=pipe, b=batches: serve_batches(pipe, b)) for mode, pipe in modes.items()}
+        for run in serve.values():  # warm-up: first-call shapes, and the draft pipelines' cost calibration
+            run()
+        expected = {math: serve[(math, "alone")]() for math in ("f32", "bf16")}
+        seconds = {mode: [] for mode in modes}
+        for _ in range(rounds):
+            for mode in random.sample(list(modes), len(modes)):
+                start = time.perf_counter()
+                tokens = serve[mode]()
+                seconds[mode].append(time.perf_counter() - start)
+                if tokens != expected[mode[0]]:
+                    raise SystemExit(f"{mode}: tokens differ from the target alone at the same math")
+        label = "one request at a time" if n == 1 else f"{n} requests at once"
+        print(f"\ndemo pair, {label}: f32 alone time / mode time (median of per-round ratios, min-max)")
+        base = seconds[("f32", "alone")]
+        for mode, times in seconds.items():
+            ratios = [b / t for b, t in zip(base, times, strict=True)]
+            print(f"  {mode[0]:>4} {mode[1]:<5} {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--workdir", help="keep the random Qwen3-4B-shaped checkpoints here")
+    parser.add_argument("--skip-4b", action="store_true", help="the demo pair only")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    args = parser.parse_args()
+    print(describe())
+    with tempfile.TemporaryDirectory(prefix="ovbuild_precision_") as tmp:
+        target_dir, draft_dir = export_pair(Path(tmp))
+        compare("demo target (with its draft's taps)", lambda: read_ir(target_dir), 4000, args.rounds, args.calls)
+        alone_dir = export(shipped_pair()[0], Path(tmp) / "alone", quiet=True).out  # no taps, as run without a draft
+        pipelines(target_dir, draft_dir, alone_dir, args.rounds, args.concurrency)
+        if args.skip_4b:
+            return
+        root = Path(args.workdir or tmp)
+        shapes = {
+            "int8": ({}, TAPS_4B),
+            "keep": ({"num_hidden_layers": LAYERS, "layer_types": ["full_attention"] * LAYERS}, (1, 5, 9)),
+        }
+        for fmt, (override, taps) in shapes.items():
+            folder = root / f"qwen3-4b-{fmt}"
+            if not (folder / "config.json").exists():
+                write_target(folder, {**QWEN3_4B, **override})
+            cfg, weights = load_target(Checkpoint.open(folder))
+            layers = cfg.num_layers
+            compare(
+                f"Qwen3-4B shape, {layers} layers, {'bf16' if fmt == 'keep' else fmt} weights",
+                lambda cfg=cfg, weights=weights, taps=taps, fmt=fmt: build_paged_target(
+                    cfg, weights, taps, WeightPolicy(fmt)
+                ),
+                cfg.vocab_size,
+                args.rounds,
+                args.calls,
+            )
+
+
+if __name__ == "__main__":
+    main()
