@@ -438,6 +438,28 @@ MUTANTS = (
         "",
         PLANNER,
     ),
+    # -- exact bf16 math (stop 27) -------------------------------------------------------------------------------------
+    Mutant(
+        "scheduler-verification-rows-in-one-subsequence",
+        "ovbuild/runtime/scheduler.py",
+        "if request.status is Status.DECODE and self.target.row_subsequences:",
+        "if False:",
+        ("tests/test_speculative.py",),
+    ),
+    Mutant(
+        "paged-taps-left-in-f32",
+        "ovbuild/runtime/paged_model.py",
+        'if TAPS not in names or not device.upper().startswith("CPU"):',
+        "if True:",
+        ("tests/test_paged_parity.py",),
+    ),
+    Mutant(
+        "devices-bf16-target-with-states",
+        "ovbuild/runtime/devices.py",
+        "if on_cpu and not stateful and kv_cache_precision",
+        "if on_cpu and kv_cache_precision",
+        ("tests/test_runtime_validation.py",),
+    ),
 )
 
 
