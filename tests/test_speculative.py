@@ -189,15 +189,16 @@ def test_metrics_count_what_the_draft_got_right(models):
 def test_default_runtime_options_are_exact(models, kv):
     """The pipeline defaults (f16 target cache, the target math chosen for this CPU, u8 draft cache), and a u8 target
     cache (keys per token), keep speculation lossless, with rolled-back rows written to the target cache on most
-    steps."""
+    steps. On a CPU with AVX-512 bf16 units and no AMX the math is bf16, where a k-row verification subsequence rounds
+    otherwise than k decode steps: verification rows run as 1-row subsequences there."""
     from ovbuild.runtime.devices import target_inference_precision
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
     target_model, draft_model = models
     rng = np.random.default_rng(99)
     # half the requests with the draft length chosen each step (the default), half pinned to the full block
-    configs = [GenerationConfig(max_new_tokens=24, num_assistant_tokens=k) for k in (None, 7)]
-    arrivals = [(int(rng.integers(0, 3)), p, configs[i % 2]) for i, p in enumerate(prompts(rng, 12))]
+    configs = [GenerationConfig(max_new_tokens=24, num_assistant_tokens=k) for k in (None, 3, 7)]
+    arrivals = [(int(rng.integers(0, 3)), p, configs[i % 3]) for i, p in enumerate(prompts(rng, 12))]
     fast = dict(kv_cache_precision=FAST_DRAFT.kv_cache_precision, inference_precision=FAST_DRAFT.inference_precision)
 
     precision = EXACT_TARGET.kv_cache_precision if kv == "default" else kv
@@ -206,29 +207,10 @@ def test_default_runtime_options_are_exact(models, kv):
 
     def scheduler(drafter):
         target = PagedModel(target_model, "CPU", precision, math)
-        return Scheduler(target, drafter, speculation=fixed_speculation(drafter))
-
-    alone = run(scheduler(None), arrivals)
-    steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
-    assert run(steered, arrivals, truths=alone) == alone
-    assert_accepted(steered, 7, every_length=False)
-
-
-def test_bf16_math_is_exact_with_one_row_verification_subsequences(models):
-    """With bf16 math a k-row subsequence rounds differently from k 1-row decode steps (its own attention kernel),
-    so verification runs each row as a subsequence of its own: speculation stays lossless against the target alone
-    at the same precision, with rolled-back rows on most steps. (A CPU without bf16 units computes this in f32.)"""
-    target_model, draft_model = models
-    rng = np.random.default_rng(7)
-    configs = [GenerationConfig(max_new_tokens=32, num_assistant_tokens=k) for k in (None, 3, 7)]
-    arrivals = [(int(rng.integers(0, 3)), p, configs[i % 3]) for i, p in enumerate(prompts(rng, 12))]
-
-    def scheduler(drafter):
-        target = PagedModel(target_model, "CPU", "u8", "bf16")
         assert target.row_subsequences
         return Scheduler(target, drafter, speculation=fixed_speculation(drafter))
 
     alone = run(scheduler(None), arrivals)
-    steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, kv_cache_precision="u8"), VOCAB, seed=7))
+    steered = scheduler(SteeredDrafter(BlockDrafter(draft_model, **fast), VOCAB, seed=99))
     assert run(steered, arrivals, truths=alone) == alone
     assert_accepted(steered, 7, every_length=False)
