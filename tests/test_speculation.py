@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -295,3 +296,26 @@ def test_a_draft_call_that_promises_less_than_the_margin_is_not_made():
         raise AssertionError("no draft cost in the scan gives a gain below the margin")
     assert spec.plan(free, 1, 0, 0, False) == [0]
     assert spec.plan(free, 1, 0, 0, True)[0] > 0
+
+
+def test_plans_expect_as_many_tokens_as_verifications_have_accepted():
+    """A plan records the draft tokens it expects of each request, its verification what was accepted: later plans
+    scale what they expect by the ratio (the realism). Plans made on streaks that do not last stop drafting; plans
+    whose expectations are met keep drafting full blocks. Each plan sees a new request that accepted 90% at every
+    position, so only the realism changes between plans."""
+
+    def planner(accepted_of: Callable[[int], int]) -> Speculation:
+        spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(4e-4, 1e-5))
+        for _ in range(40):
+            request = stats([0.9] * 7)
+            (k,) = spec.plan([(request, 7)], 1, 0, 0, False)
+            assert request.expected == pytest.approx(sum(spec.survival([request])[0][:k]))
+            if k:
+                spec.record(request, k, accepted_of(k))
+                assert request.expected == 0.0  # counted once
+        return spec
+
+    assert Speculation(7).realism == 1.0
+    met, missed = planner(lambda k: k), planner(lambda k: 0)
+    assert met.realism > 1.0 and met.plan([(stats([0.9] * 7), 7)], 1, 0, 0, False) == [7]
+    assert missed.realism < 0.2 and missed.plan([(stats([0.9] * 7), 7)], 1, 0, 0, False) == [0]

@@ -438,6 +438,13 @@ MUTANTS = (
         "",
         PLANNER,
     ),
+    Mutant(
+        "speculation-realism-ignored",
+        "ovbuild/runtime/speculation.py",
+        "        realism = self.realism\n",
+        "        realism = 1.0\n",
+        PLANNER,
+    ),
     # -- exact bf16 math (stop 27) -------------------------------------------------------------------------------------
     Mutant(
         "scheduler-verification-rows-in-one-subsequence",
