@@ -60,8 +60,9 @@ def target_inference_precision(
     Exactness decides. With verification rows as 1-row subsequences (PagedModel.row_subsequences) and taps in the
     math precision (taps_in_math_precision), every row of a speculative step is computed as the target alone computes
     it: with bf16 math 32 of 32 requests were identical to the target alone at K = 3, 7 and adaptive, with f16 and u8
-    caches (bench/bench_kv_cache.py), and the demo target ran 1.1x faster per call than in f32
-    (bench/bench_target_precision.py). Where the matrix units are AMX, a row may round differently with the number of
+    caches (bench/bench_kv_cache.py), and the demo target ran 1.02-1.24x faster per call than in f32 and 1.23-1.37x
+    faster served (bench/bench_target_precision.py; 1.5-1.7x at Qwen3-4B's shape with bf16 weights from 4 rows on,
+    the same with int8 weights). Where the matrix units are AMX, a row may round differently with the number of
     rows in its call, which is not measured: f32 stays there, as on CPUs without bf16 units and on other devices. A
     hybrid target steps its states through a sequence's rows in one subsequence, so its rows round by their count."""
     if requested is not None:
