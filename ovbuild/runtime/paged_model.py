@@ -74,6 +74,7 @@ class PagedModel:
         budget, see DEFAULT_STATE_SLOTS). padding: (min_pad, share) of the RowPadding that runs a call of fewer rows
         than the recent ones padded up to their row count (ovbuild.runtime.padding); None = every call as it is."""
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
+        # outputs compiled in bf16, which run() widens to f32 (taps_in_math_precision)
         model, self.widened = taps_in_math_precision(model, device, config.get("INFERENCE_PRECISION_HINT"))
         try:
             self.compiled = core().compile_model(model, device, config)
