@@ -55,7 +55,9 @@ def test_pad_inputs_appends_rows_to_per_row_inputs_only():
 
 def test_a_padded_call_returns_its_blocks_and_only_the_real_rows_taps(target):
     cfg, weights = target
-    model = PagedModel(build_target(cfg, weights, (1, 3, 5)), kv_cache_precision="f32", padding=(16, 1.0))
+    model = PagedModel(
+        build_target(cfg, weights, (1, 3, 5)), kv_cache_precision="f32", padding=(16, 1.0), static_rows=False
+    )
     allocator = model.cache.allocator
     allocator.reserve(0, 64)
     free = allocator.free_blocks

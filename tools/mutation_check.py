@@ -467,6 +467,35 @@ MUTANTS = (
         "if on_cpu and kv_cache_precision",
         ("tests/test_runtime_validation.py",),
     ),
+    # -- static row counts (stop 28) ---------------------------------------------------------------------------------
+    Mutant(
+        "static-rows-1-row-copies",
+        "ovbuild/runtime/static_rows.py",
+        "BUCKETS = (2, 3, 4,",
+        "BUCKETS = (1, 2, 3, 4,",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
+        "static-rows-long-calls-all-dynamic",
+        "ovbuild/runtime/static_rows.py",
+        "    cut: list[tuple[list[int], bool]] = [(long, False)] if long else []\n",
+        "    if long:\n        return [(list(range(len(rows))), False)]\n    cut: list[tuple[list[int], bool]] = []\n",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
+        "static-rows-merge-ignores-order",
+        "ovbuild/runtime/static_rows.py",
+        "                merged[name][held] = value",
+        "                merged[name][np.sort(held)[::-1]] = value",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
+        "static-rows-copies-miss-compile-properties",
+        "ovbuild/runtime/static_rows.py",
+        "        self.config = {**compiled_properties(compiled, device), **config}",
+        "        self.config = dict(config)",
+        QUANTIZED,
+    ),
 )
 
 

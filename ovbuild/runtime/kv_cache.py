@@ -23,10 +23,12 @@ class SequenceRows(NamedTuple):
 class BlockAllocator(CacheManager):
     """Fixed pool of KV cache blocks; each sequence owns a list of blocks in logical order."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, pinned: dict[int, list[int]] | None = None):
+        """pinned: tables held for good by blocks outside the pool (ids from num_blocks on), e.g. padding rows'."""
         self.num_blocks, self.block_size = num_blocks, block_size
         self._free = list(range(num_blocks - 1, -1, -1))
         self.tables: dict[int, list[int]] = {}
+        self.pinned = pinned or {}
 
     @property
     def free_blocks(self) -> int:
@@ -42,6 +44,8 @@ class BlockAllocator(CacheManager):
     def reserve(self, seq_id: int, length: int) -> list[int]:
         """Grow `seq_id`'s table to hold `length` tokens and return it; raises CacheExhaustedError (changing nothing)
         if it can't."""
+        if seq_id in self.pinned:
+            return self.pinned[seq_id]  # sized for the longest it is used for by whoever pinned it
         table = self.tables.get(seq_id, [])
         need = self.blocks_for(length) - len(table)
         if need <= 0:
@@ -60,22 +64,35 @@ class BlockAllocator(CacheManager):
         self._free.extend(reversed(self.tables.pop(seq_id, [])))
 
 
+def cache_block_size(compiled: ov.CompiledModel) -> int:
+    """Tokens per cache block, as the compiled model lays its caches out."""
+    for port in compiled.inputs:
+        if port.get_any_name().startswith("value_cache."):
+            # value layout [blocks, kv_heads, block_size, head_dim (+ quant params)]
+            return port.get_partial_shape()[2].get_length()
+    return 32
+
+
 class PagedKVCache:
     """Cache tensors shaped from the compiled model's inputs, bound to one infer request, plus their allocator."""
 
-    def __init__(self, compiled: ov.CompiledModel, request: ov.InferRequest, num_blocks: int):
+    def __init__(
+        self, compiled: ov.CompiledModel, request: ov.InferRequest, num_blocks: int, pinned: tuple[int, int] = (0, 0)
+    ):
+        """pinned: (sequence id, rows) given blocks of their own beyond the num_blocks of the pool."""
+        block_size = cache_block_size(compiled)
+        pinned_id, pinned_rows = pinned
+        extra = -(-pinned_rows // block_size)
         self.names: list[str] = []
-        block_size = None
         for port in compiled.inputs:
             name = port.get_any_name()
             if not name.startswith(("key_cache.", "value_cache.")):
                 continue
             dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
-            request.set_tensor(name, ov.Tensor(port.get_element_type(), [num_blocks, *dims]))
+            request.set_tensor(name, ov.Tensor(port.get_element_type(), [num_blocks + extra, *dims]))
             self.names.append(name)
-            if name.startswith("value_cache."):
-                block_size = dims[1]  # value layout [blocks, kv_heads, block_size, head_dim (+ quant params)]
-        self.allocator = BlockAllocator(num_blocks, block_size or 32)
+        held = {pinned_id: list(range(num_blocks, num_blocks + extra))} if extra else {}
+        self.allocator = BlockAllocator(num_blocks, block_size, held)
 
     @property
     def block_size(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 import openvino as ov
 
@@ -14,6 +16,16 @@ from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 from ovbuild.runtime.machine import cpu_runtime_precision
 from ovbuild.runtime.padding import PAD_SEQUENCE, ROW_OUTPUTS, RowPadding, pad_inputs, padding_rows
 from ovbuild.runtime.state_pool import StatePool, state_specs
+from ovbuild.runtime.static_rows import (
+    BUCKETS,
+    MAX_WEIGHT_BYTES,
+    StaticCopies,
+    bucket,
+    merge,
+    part_inputs,
+    parts,
+    weight_bytes,
+)
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("f32", "bf16", "f16")  # INFERENCE_PRECISION_HINT values; None = the device default
@@ -67,13 +79,17 @@ class PagedModel:
         properties: dict[str, str] | None = None,
         state_slots: int | None = None,
         padding: tuple[int, float] | None = None,
+        static_rows: bool | None = None,
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes;
         `properties` (plugin properties) override ovbuild's own. A model with linear-attention states
         (`conv_state.*`, `recurrent_state.*` inputs) gets a StatePool of `state_slots` sequences (None: from the
         budget, see DEFAULT_STATE_SLOTS). padding: (min_pad, share) of the RowPadding that runs a call of fewer rows
-        than the recent ones padded up to their row count (ovbuild.runtime.padding); None = every call as it is."""
+        than the recent ones padded up to their row count (ovbuild.runtime.padding); None = every call as it is.
+        static_rows: whether calls run in copies compiled per row count (ovbuild.runtime.static_rows); None = where
+        they are measured to pay, on CPU for a model without states and with at most MAX_WEIGHT_BYTES of weights."""
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
+        source = model  # the caller's: compiled copies are shared by the models compiled from it (static_rows)
         # outputs compiled in bf16, which run() widens to f32 (taps_in_math_precision)
         model, self.widened = taps_in_math_precision(model, device, config.get("INFERENCE_PRECISION_HINT"))
         try:
@@ -98,11 +114,6 @@ class PagedModel:
             budget -= state_slots * slot_bytes
         if num_blocks is None:
             num_blocks = max(1, int(budget // block_bytes(self.compiled)))
-        self.cache = PagedKVCache(self.compiled, self.request, num_blocks)
-        self.output_names = [o.get_any_name() for o in self.compiled.outputs]
-        self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
-        # a hybrid target's states are per sequence: its calls run unpadded (a padding sequence would need their inputs)
-        self.padding = RowPadding(*padding) if self.states is None and padding is not None else None
         # Whether a sequence's rows may run as 1-row subsequences, each after the ones before it: the CPU plugin
         # writes every subsequence's keys and values before attending, so each row sees the rows before it, through
         # the kernel a 1-row decode runs. A k-row subsequence runs another kernel, which rounds differently in bf16:
@@ -110,6 +121,22 @@ class PagedModel:
         # subsequences (bench/bench_kv_cache.py). Untested on other devices; a hybrid target's states are per
         # sequence and step row by row in one subsequence.
         self.row_subsequences = device.upper().startswith("CPU") and self.states is None
+        if static_rows is None:
+            static_rows = self.row_subsequences and weight_bytes(model) <= MAX_WEIGHT_BYTES
+        elif static_rows and not self.row_subsequences:
+            raise UnsupportedError("static row counts run on CPU, for a model without linear-attention states")
+        # the copies' padding rows have blocks of their own for good, beyond the budget's
+        pinned = (PAD_SEQUENCE, BUCKETS[-1]) if static_rows else (0, 0)
+        self.cache = PagedKVCache(self.compiled, self.request, num_blocks, pinned)
+        self.output_names = [o.get_any_name() for o in self.compiled.outputs]
+        self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
+        self.static: StaticCopies | None = None
+        if static_rows:
+            cache = {name: self.request.get_tensor(name) for name in self.cache.names}
+            self.static = StaticCopies(source, model, self.compiled, device, config, cache)
+        # a hybrid target's states are per sequence: its calls run unpadded (a padding sequence would need their
+        # inputs); with static copies, only prompt chunks longer than the largest copy run dynamic: unpadded too
+        self.padding = RowPadding(*padding) if self.states is None and padding is not None and not static_rows else None
 
     @property
     def cache_manager(self) -> CacheManager:
@@ -132,27 +159,59 @@ class PagedModel:
         With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
         (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
         `state_rows` among `inputs`) keeps the states itself, and the pool is left alone."""
+        if self.static is None:
+            real = sum(r.num_rows for r in rows)
+            pad = self.padding.rows(real) - real if self.padding is not None else 0
+            if pad and not self.cache.allocator.can_hold(PAD_SEQUENCE, pad):
+                pad = 0  # no free blocks for it: the call runs as it is
+            try:
+                return self._call(rows, inputs, state_rows, self.request, self.binder, pad)
+            finally:
+                if pad:
+                    self.cache.allocator.free(PAD_SEQUENCE)
+        cut = parts(rows)
+        if len(cut) == 1:
+            return self._part(rows, inputs, cut[0][1])
+        offsets = [0, *accumulate(r.num_rows for r in rows)]
+        calls = []
+        for part, static in cut:
+            local, held = part_inputs(inputs, offsets, rows, part)
+            outputs = self._part([rows[i] for i in part], local, static)
+            calls.append((held, {name: np.array(value) for name, value in outputs.items()}))  # the next part reuses
+        return merge(calls, inputs, offsets[-1])
+
+    def _part(self, rows: list[SequenceRows], inputs: dict, static: bool) -> dict[str, np.ndarray]:
+        """One call in the copy for its row count (padded up to it), or in the dynamic model."""
+        if not static:
+            return self._call(rows, inputs, None, self.request, self.binder, 0)
         real = sum(r.num_rows for r in rows)
-        pad = self.padding.rows(real) - real if self.padding is not None else 0
-        if pad and not self.cache.allocator.can_hold(PAD_SEQUENCE, pad):
-            pad = 0  # no free blocks for it: the call runs as it is
+        request, binder = self.static.copy(bucket(real))
+        return self._call(rows, inputs, None, request, binder, bucket(real) - real)
+
+    def _call(
+        self,
+        rows: list[SequenceRows],
+        inputs: dict,
+        state_rows: list[list[int]] | None,
+        request: ov.InferRequest,
+        binder: InputBinder,
+        pad: int,
+    ) -> dict[str, np.ndarray]:
+        """One infer of `request` with `pad` padding rows (their blocks reserved by the caller)."""
+        real = sum(r.num_rows for r in rows)
         if pad:
             rows, inputs = [*rows, padding_rows(pad)], pad_inputs(inputs, pad)
-        try:
-            layout = self.cache.layout(rows)
-            pooled = self.states is not None and "state_rows" not in inputs
-            if pooled:
-                layout |= self.states.inputs(rows, state_rows)
-            self.binder.bind(inputs | layout)
-            # Outputs are views of the output tensors, valid until the next call: infer() alone copies every one of
-            # them (logits: rows x vocab floats), and start_async + wait costs a thread hand-off
-            # (bench/bench_lean_calls.py)
-            outputs = dict(zip(self.output_names, self.request.infer(share_outputs=True).to_tuple(), strict=True))
-            for name in self.widened:
-                outputs[name] = bf16_to_f32(outputs[name])
-        finally:
-            if pad:
-                self.cache.allocator.free(PAD_SEQUENCE)
+        layout = self.cache.layout(rows)
+        pooled = self.states is not None and "state_rows" not in inputs
+        if pooled:
+            layout |= self.states.inputs(rows, state_rows)
+        binder.bind(inputs | layout)
+        # Outputs are views of the output tensors, valid until the next call: infer() alone copies every one of
+        # them (logits: rows x vocab floats), and start_async + wait costs a thread hand-off
+        # (bench/bench_lean_calls.py)
+        outputs = dict(zip(self.output_names, request.infer(share_outputs=True).to_tuple(), strict=True))
+        for name in self.widened:
+            outputs[name] = bf16_to_f32(outputs[name])
         if pad:
             outputs |= {name: outputs[name][:real] for name in ROW_OUTPUTS if name in outputs}
         if pooled:

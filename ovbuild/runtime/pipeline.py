@@ -35,11 +35,13 @@ from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """How one model runs: KV cache precision, inference precision hint (None = the device default), cache size."""
+    """How one model runs: KV cache precision, inference precision hint (None = the device default), cache size,
+    and whether its calls run in copies compiled per row count (None = where that pays: ovbuild.runtime.static_rows)."""
 
     kv_cache_precision: str
     inference_precision: str | None
     cache_mb: float
+    static_rows: bool | None = None
 
 
 # Exactness decides the target's defaults. Speculative decoding verifies k+1 rows where the target alone runs one
@@ -95,7 +97,9 @@ class Pipeline:
         self.eos_token_ids = eos_token_ids(target_dir)
         t = o.target
         math = target_precision(o, stateful=bool(state_specs(model)))
-        self.target = PagedModel(model, o.device, t.kv_cache_precision, math, cache_mb=t.cache_mb)
+        self.target = PagedModel(
+            model, o.device, t.kv_cache_precision, math, cache_mb=t.cache_mb, static_rows=t.static_rows
+        )
         self.drafter = load_drafter(draft_dir, o, draft_model) if draft_dir is not None else None
         # one planner for every scheduler of this pipeline: call costs are measured once and keep improving, and the
         # run-wide acceptance carries over from one generate call to the next
@@ -174,6 +178,7 @@ def load_drafter(folder: str | Path, options: RuntimeOptions, model: ov.Model | 
         kv_cache_precision=options.draft.kv_cache_precision,
         inference_precision=draft_precision(options),
         cache_mb=options.draft.cache_mb,
+        static_rows=options.draft.static_rows,
         **options.draft_options,
     )
 

@@ -34,6 +34,7 @@ class BlockDrafter(Drafter):
         *,
         cache_mb: float = 256,
         num_blocks: int | None = None,
+        static_rows: bool | None = None,
     ):
         self.ir = DraftIR.from_model(model)
         self.block_size, self.mask_token_id = self.ir.block_size, self.ir.mask_token_id
@@ -49,6 +50,7 @@ class BlockDrafter(Drafter):
             cache_mb=cache_mb,
             num_blocks=num_blocks,
             padding=DRAFT_PADDING,
+            static_rows=static_rows,
         )
         self.committed: dict[int, int] = {}
         self.infer_s = 0.0

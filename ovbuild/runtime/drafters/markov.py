@@ -31,6 +31,7 @@ class MarkovDrafter(BlockDrafter):
         *,
         cache_mb: float = 256,
         num_blocks: int | None = None,
+        static_rows: bool | None = None,
     ):
         super().__init__(
             model,
@@ -39,6 +40,7 @@ class MarkovDrafter(BlockDrafter):
             inference_precision=inference_precision,
             cache_mb=cache_mb,
             num_blocks=num_blocks,
+            static_rows=static_rows,
         )
         self.head = self.head_ir = None
         self.head_inputs: set[str] = set()

@@ -1,0 +1,152 @@
+"""Static row counts: a small model's calls run in copies of it compiled for fixed row counts.
+
+The CPU plugin runs every node of a dynamic-shape model through its shape and memory checks on every call, even when
+the shapes repeat: on the demo target a decode call took 1.3x to 1.55x as long as the same call in a copy compiled for
+its row count (bench/bench_static_rows.py). So a model small enough to copy runs each call padded up to the next of
+BUCKETS rows, in a copy compiled for that row count when first needed; the copies share the model's KV cache tensors,
+and only the row dimension is fixed (the PagedAttention layout and the logits rows stay dynamic).
+
+Exactness: a row computes bitwise the same in every copy of 2 rows or more, whatever the other rows of its call, but
+the dynamic model and a 1-row copy take other kernels (in f32 the dynamic model rounds a 1-row call differently from
+a call of more rows too). So the smallest bucket is 2, every subsequence that fits the largest bucket runs in a copy
+(a call is cut into bucket-sized parts at subsequence boundaries), and only a subsequence longer than that (a prompt
+chunk) runs in the dynamic model: whether a row is computed in a copy depends on its own subsequence alone, never on
+the call it came in, so speculative verification rows round as the target alone's decode rows do.
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+
+import numpy as np
+import openvino as ov
+
+from ovbuild.graph.ir import core
+from ovbuild.runtime.binding import InputBinder
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.padding import ROW_INPUTS, ROW_OUTPUTS
+
+BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pads at most a third of its rows
+# Each copy holds its own weights (the plugin repacks them per compiled model): on the demo target a copy took about
+# 4x its IR's weight bytes of memory. Models with more weights than this run dynamic only: their calls cost enough
+# that the per-call checks are a small share of them, and copies would cost gigabytes.
+MAX_WEIGHT_BYTES = 32 << 20
+PER_ROW = (*ROW_INPUTS, "position_ids")  # inputs with one entry per row: the copies fix their first dimension
+INDEX_INPUTS = ("logits_indices", "candidate_indices")  # inputs naming rows; every output but ROW_OUTPUTS follows them
+
+
+def weight_bytes(model: ov.Model) -> int:
+    """Bytes of the model's constants (its weights, in the IR's precisions)."""
+    return sum(op.get_byte_size() for op in model.get_ops() if op.get_type_name() == "Constant")
+
+
+def bucket(rows: int) -> int:
+    """The row count a part of `rows` rows runs at (rows <= BUCKETS[-1])."""
+    return BUCKETS[bisect.bisect_left(BUCKETS, rows)]
+
+
+def parts(rows: list[SequenceRows]) -> list[tuple[list[int], bool]]:
+    """A call's subsequences (indices into `rows`) cut into parts: (indices, static). Subsequences longer than the
+    largest bucket go to one dynamic part; the others, in order, fill parts of at most BUCKETS[-1] rows."""
+    limit = BUCKETS[-1]
+    long = [i for i, r in enumerate(rows) if r.num_rows > limit]
+    cut: list[tuple[list[int], bool]] = [(long, False)] if long else []
+    part, filled = [], 0
+    for i, r in enumerate(rows):
+        if r.num_rows > limit:
+            continue
+        if filled + r.num_rows > limit:
+            cut.append((part, True))
+            part, filled = [], 0
+        part.append(i)
+        filled += r.num_rows
+    if part:
+        cut.append((part, True))
+    return cut
+
+
+class StaticCopies:
+    """Copies of one model compiled per bucket row count on first use, all bound to the same KV cache tensors."""
+
+    def __init__(self, source: ov.Model, model: ov.Model, compiled: ov.CompiledModel, device: str, config: dict, cache):
+        """source: the model as the caller gave it; model: what `compiled` was compiled from (source, or a changed
+        copy of it) with `config`; cache: the KV cache tensors by input name."""
+        self.source, self.model, self.device, self.cache = source, model, device, cache
+        self.config = {**compiled_properties(compiled, device), **config}
+        self.copies: dict[int, tuple[ov.InferRequest, InputBinder]] = {}
+
+    def copy(self, rows: int) -> tuple[ov.InferRequest, InputBinder]:
+        """The infer request and binder of the copy for `rows` rows (a bucket), compiled now if need be."""
+        if rows not in self.copies:
+            compiled = compiled_copy(self.source, self.model, self.device, self.config, rows)
+            request = compiled.create_infer_request()
+            for name, tensor in self.cache.items():
+                request.set_tensor(name, tensor)
+            self.copies[rows] = (request, InputBinder(request, request.model_inputs, set(self.cache)))
+        return self.copies[rows]
+
+
+# Compiled copies of a caller's model, kept while that model object lives: the models compiled from one ov.Model the
+# same way share them (a test's many schedulers over one model; they cost about 0.1-0.3 s each to compile).
+_SHARED: weakref.WeakKeyDictionary[ov.Model, dict[tuple, ov.CompiledModel]] = weakref.WeakKeyDictionary()
+
+
+def compiled_copy(source: ov.Model, model: ov.Model, device: str, config: dict, rows: int) -> ov.CompiledModel:
+    """`model` compiled on `device` with `config` for `rows` rows, or the copy compiled so before from `source`."""
+    shared = _SHARED.setdefault(source, {})
+    key = (device, rows, *sorted((name, str(value)) for name, value in config.items()))
+    if key not in shared:
+        copy = model.clone()
+        # [rows] or [rows, width]: only the row dimension is fixed
+        copy.reshape({p.get_any_name(): [rows, *list(p.get_partial_shape())[1:]] for p in row_inputs(copy)})
+        shared[key] = core().compile_model(copy, device, config)
+    return shared[key]
+
+
+def compiled_properties(compiled: ov.CompiledModel, device: str) -> dict:
+    """The settable properties `compiled` runs with: copies compiled later must not pick up device settings changed
+    since (a caller may set, say, DYNAMIC_QUANTIZATION_GROUP_SIZE on the core only while the model compiles)."""
+    writable = {name for name, mode in core().get_property(device, "SUPPORTED_PROPERTIES").items() if mode == "RW"}
+    properties = {name: compiled.get_property(name) for name in compiled.get_property("SUPPORTED_PROPERTIES")}
+    # an empty set reads back where the device takes no empty value (MODEL_DISTRIBUTION_POLICY)
+    return {name: value for name, value in properties.items() if name in writable and value != set()}
+
+
+def row_inputs(model: ov.Model) -> list[ov.Output]:
+    """The model's inputs with one entry per row."""
+    return [p for p in model.inputs if p.get_any_name() in PER_ROW]
+
+
+def part_inputs(inputs: dict, offsets: list[int], rows: list[SequenceRows], part: list[int]) -> tuple[dict, np.ndarray]:
+    """The inputs of one part (the subsequences `part` of a call whose subsequence i starts at row offsets[i]), and
+    the call's rows it holds, in order."""
+    held = np.concatenate([np.arange(offsets[i], offsets[i] + rows[i].num_rows) for i in part])
+    local = {}
+    for name, value in inputs.items():
+        if name in PER_ROW:
+            local[name] = np.asarray(value)[held]
+        elif name in INDEX_INPUTS:
+            index = np.asarray(value)
+            local[name] = np.searchsorted(held, index[np.isin(index, held)])  # held is sorted: row -> its place
+        else:
+            local[name] = value
+    return local, held
+
+
+def merge(calls: list[tuple[np.ndarray, dict]], inputs: dict, total_rows: int) -> dict[str, np.ndarray]:
+    """The outputs of a call cut into parts, from each part's (rows held, outputs): per-row outputs back in row order,
+    the others in the order of the call's index input (logits_indices or candidate_indices)."""
+    index = next((np.asarray(inputs[n]) for n in INDEX_INPUTS if n in inputs), np.zeros(0, np.int64))
+    merged: dict[str, np.ndarray] = {}
+    for held, outputs in calls:
+        picked = np.isin(index, held)
+        for name, value in outputs.items():
+            if name not in merged:
+                size = total_rows if name in ROW_OUTPUTS else len(index)
+                merged[name] = np.empty((size, *value.shape[1:]), value.dtype)
+            if name in ROW_OUTPUTS:
+                merged[name][held] = value
+            else:
+                merged[name][picked] = value
+    return merged

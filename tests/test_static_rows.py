@@ -1,0 +1,113 @@
+"""Static row counts (ovbuild.runtime.static_rows): copies compiled per row count against the numpy reference, calls
+cut into parts, and rows that compute bitwise alike whatever call they come in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ovbuild.graph.dflash import build_dflash_draft
+from ovbuild.graph.target import build_target
+from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.padding import PAD_SEQUENCE
+from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.reference.dflash import DFlashReference
+from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.runtime.static_rows import BUCKETS, bucket, parts
+from ovbuild.testing import F32_NMSE
+
+from paged_helpers import run_draft, run_target
+
+RNG = np.random.default_rng(11)
+TAPS = (1, 3, 5)
+LONG = BUCKETS[-1] + 6  # a prompt chunk longer than the largest copy: it runs in the dynamic model
+
+
+def tokens(n: int) -> list[int]:
+    return RNG.integers(0, 256, n).tolist()
+
+
+# A long prompt chunk with short ones and single rows (cut into a dynamic part and static parts), then more 1-row
+# subsequences than the largest copy holds (several static parts), then single rows alone (padded from 1 to 2 rows).
+SCHEDULE = [
+    [(0, tokens(LONG), LONG), (1, tokens(7), 7), (2, tokens(1), 1)],
+    [(0, tokens(40), 40), (1, tokens(30), 30), (2, tokens(9), 5)],
+    [(1, tokens(1), 1)],
+    [(2, tokens(1), 1), (0, tokens(2), 1)],
+]
+
+
+def test_parts_keep_long_subsequences_dynamic_and_fill_copies_in_order():
+    rows = [SequenceRows(0, 0, LONG), SequenceRows(1, 0, 40), SequenceRows(2, 0, 30), SequenceRows(3, 0, 1)]
+    assert parts(rows) == [([0], False), ([1], True), ([2, 3], True)]
+    ones = [SequenceRows(s, 0, 1) for s in range(BUCKETS[-1] + 1)]
+    assert parts(ones) == [(list(range(BUCKETS[-1])), True), ([BUCKETS[-1]], True)]
+    assert [bucket(n) for n in (1, 2, 5, 17, BUCKETS[-1])] == [2, 2, 6, 24, BUCKETS[-1]]
+
+
+def test_target_in_static_copies_matches_reference(target):
+    cfg, weights = target
+    model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)
+    out = run_target(model, Qwen3Reference(cfg, weights), TAPS, SCHEDULE, row_subsequences=False)
+    print(f"static copies vs reference: logits NMSE {out.nmse('logits'):.2e}, taps {out.nmse('hidden_states'):.2e}")
+    assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("hidden_states") < F32_NMSE, f"taps NMSE {out.nmse('hidden_states'):.2e}"
+    # 7 + 1 rows; 40 and 30 + 9 rows in two parts (the 79 exceed the largest copy); 1 row padded to 2; 1 + 2 rows
+    assert set(model.static.copies) == {8, 48, 2, 3}, f"copies compiled: {sorted(model.static.copies)}"
+    assert model.cache.allocator.tables.keys() == {0, 1, 2}, "the padding rows' blocks are not the pool's"
+
+
+def test_draft_in_static_copies_matches_reference(target, draft):
+    cfg, weights = draft
+    model = PagedModel(build_dflash_draft(cfg, weights, target[1]), kv_cache_precision="f32", static_rows=True)
+    mask = cfg.mask_token_id
+    schedule = [  # (seq, context rows, block): 78 rows, then a long context, then a 1-row block
+        [(0, 5, [11] + [mask] * 7), (1, 37, [12] + [mask] * 7), (2, 12, [13] + [mask] * 7)],
+        [(0, LONG, [14] + [mask] * 7), (1, 3, [15, mask])],
+        [(2, 0, [16]), (1, 2, [])],
+    ]
+    out = run_draft(model, DFlashReference(cfg, weights, target[1]), schedule)
+    print(f"static draft copies vs reference: logits NMSE {out.nmse('logits'):.2e}")
+    assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
+    assert out.nmse("last_hidden_state") < F32_NMSE, f"last hidden NMSE {out.nmse('last_hidden_state'):.2e}"
+
+
+def rows_in_calls(model: PagedModel, context: list[int], new: list[int], width: int, beside: int) -> np.ndarray:
+    """Logits of `new` after `context` (sequence 0), `width` rows per call, each row a 1-row subsequence, every call
+    beside a fresh prompt chunk of `beside` rows of another sequence (0: alone)."""
+    allocator = model.cache.allocator
+    for seq in (0, 1):
+        allocator.free(seq)
+        allocator.reserve(seq, 256)
+    n = len(context)
+    model.run([SequenceRows(0, 0, n)], {"input_ids": context, "position_ids": list(range(n)), "logits_indices": [0]})
+    logits = []
+    for start in range(0, len(new), width):
+        chunk = new[start : start + width]
+        rows = [SequenceRows(0, n + start + i, 1) for i in range(len(chunk))]
+        ids, positions = list(chunk), list(range(n + start, n + start + len(chunk)))
+        if beside:
+            rows.append(SequenceRows(1, 0, beside))
+            ids += tokens(beside)
+            positions += range(beside)
+        out = model.run(rows, {"input_ids": ids, "position_ids": positions, "logits_indices": list(range(len(chunk)))})
+        logits.append(np.array(out["logits"]))
+    return np.concatenate(logits)
+
+
+@pytest.mark.parametrize("math", ["f32", "bf16"])
+def test_rows_compute_bitwise_alike_in_any_call(target, math):
+    """What keeps speculation exact: a verification row must compute as the target alone's decode row does, whatever
+    else its call holds. With copies it does, bitwise, at 1 to 12 rows per call, beside a prompt chunk that runs in
+    the dynamic model or in a copy, at f32 and bf16 math (the CPU's own where it lacks bf16 units)."""
+    cfg, weights = target
+    model = PagedModel(build_target(cfg, weights, TAPS), "CPU", "f16", math, static_rows=True)
+    context, new = tokens(40), tokens(12)
+    alone = rows_in_calls(model, context, new, 1, 0)
+    for width, beside in ((2, 0), (3, 0), (12, 0), (1, LONG), (5, 20), (12, LONG)):
+        got = rows_in_calls(model, context, new, width, beside)
+        assert np.array_equal(got, alone), (
+            f"{math}: {width} rows per call beside {beside} prompt rows differ from 1-row calls by "
+            f"{np.abs(got - alone).max():.3g}"
+        )
+    assert PAD_SEQUENCE not in model.cache.allocator.tables
