@@ -51,6 +51,11 @@ def test_pad_inputs_appends_rows_to_per_row_inputs_only():
     assert padded["hidden_states"].shape == (5, 3) and not padded["hidden_states"][2:].any()
     assert padded["logits_indices"].tolist() == [0, 1]  # selects outputs, not a per-row input
     assert inputs["input_ids"].tolist() == [5, 6]  # the caller's arrays are left alone
+    lists = {"input_ids": [5, 6], "position_ids": [7, 8], "logits_indices": [1]}
+    padded = pad_inputs(lists, 2)
+    # plain lists stay lists (the binder skips a list equal to the last call's) and the caller's are left alone
+    assert padded == {"input_ids": [5, 6, 0, 0], "position_ids": [7, 8, 0, 1], "logits_indices": [1]}
+    assert lists["input_ids"] == [5, 6]
 
 
 def test_a_padded_call_returns_its_blocks_and_only_the_real_rows_taps(target):

@@ -62,7 +62,11 @@ def pad_inputs(inputs: dict[str, np.ndarray], pad: int) -> dict[str, np.ndarray]
     """`inputs` with `pad` rows appended to every per-row input (position_ids 0..pad-1, the others ROW_INPUTS)."""
     padded = dict(inputs)
     for name, value in inputs.items():
-        value = np.asarray(value)  # lists too (ovbuild.runtime.binding takes either)
+        if type(value) is list and name in (*ROW_INPUTS, "position_ids"):
+            # lists stay lists: the binder writes them straight into its buffers (ovbuild.runtime.binding)
+            padded[name] = value + (list(range(pad)) if name == "position_ids" else [ROW_INPUTS[name]] * pad)
+            continue
+        value = np.asarray(value)
         if name == "position_ids":
             padded[name] = np.concatenate([value, np.arange(pad, dtype=value.dtype)])
         elif name in ROW_INPUTS:
