@@ -78,6 +78,7 @@ class ToyHybridTarget:
         self.states = StatePool(SPECS, slots)
         self.cache_manager = BlocksAndSlots(self.cache.allocator, self.states)
         self.row_subsequences = False  # as PagedModel: a sequence with states steps its rows in one subsequence
+        self.compile_s = 0.0  # as PagedModel: no static copies
         self.calls = 0
 
     def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows=None) -> dict[str, np.ndarray]:

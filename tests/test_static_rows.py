@@ -8,11 +8,15 @@ import pytest
 
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
+from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import PAD_SEQUENCE
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.runtime.request import GenerationConfig
+from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.static_rows import BUCKETS, bucket, parts
 from ovbuild.testing import F32_NMSE
 
@@ -111,3 +115,26 @@ def test_rows_compute_bitwise_alike_in_any_call(target, math):
             f"{np.abs(got - alone).max():.3g}"
         )
     assert PAD_SEQUENCE not in model.cache.allocator.tables
+
+
+def test_calls_that_compile_a_copy_stay_out_of_the_cost_curves(target, draft):
+    """A call that compiles a copy for its row count costs many steady calls: the planner's cost curves must not
+    keep it (they kept it, and the demo pair never drafted at that size again)."""
+    (tcfg, tweights), (dcfg, dweights) = target, draft
+    model = PagedModel(build_target(tcfg, tweights, dcfg.target_layer_ids), kv_cache_precision="f32", static_rows=True)
+    drafter = BlockDrafter(build_dflash_draft(dcfg, dweights, tweights), kv_cache_precision="f32", static_rows=True)
+    calls, propose = [], drafter.propose
+    drafter.propose = lambda items: calls.append(len(items)) or propose(items)
+    speculation = Speculation(drafter.max_candidates, drafter.candidate_offset)
+    speculation.calibration_tried = True  # no timed calls: every observation comes from the scheduler's calls
+    scheduler = Scheduler(model, drafter, speculation=speculation)
+    scheduler.add_request(tokens(9), GenerationConfig(8, num_assistant_tokens=3))
+    scheduler.run()
+    observed = {
+        name: sum(map(len, cost.recent))
+        for name, cost in (("target", speculation.target_cost), ("draft", speculation.draft_cost))
+    }
+    calls = {"target": scheduler.metrics.steps, "draft": len(calls)}
+    compiled = {"target": len(model.static.copies), "draft": len(drafter.model.static.copies)}
+    assert all(compiled.values()), compiled
+    assert observed == {name: calls[name] - compiled[name] for name in calls}, (observed, calls, compiled)

@@ -496,6 +496,13 @@ MUTANTS = (
         "        self.config = dict(config)",
         QUANTIZED,
     ),
+    Mutant(
+        "scheduler-target-cost-keeps-compiling-calls",
+        "ovbuild/runtime/scheduler.py",
+        "if self.speculation is not None and self.target.compile_s == compiled:",
+        "if self.speculation is not None:",
+        ("tests/test_static_rows.py",),
+    ),
 )
 
 

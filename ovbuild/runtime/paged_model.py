@@ -139,6 +139,11 @@ class PagedModel:
         self.padding = RowPadding(*padding) if self.states is None and padding is not None and not static_rows else None
 
     @property
+    def compile_s(self) -> float:
+        """Seconds the calls so far spent compiling static copies: a one-off, which call costs leave out."""
+        return self.static.compile_s if self.static is not None else 0.0
+
+    @property
     def cache_manager(self) -> CacheManager:
         """The cache's blocks (and a hybrid target's state slots), as the scheduler reserves them."""
         if self.states is None:

@@ -194,7 +194,7 @@ class Scheduler:
             ids += tokens
             positions += range(request.target_len, request.target_len + len(tokens))
             wanted += [begin + w for w in want]
-        start = time.perf_counter()
+        compiled, start = self.target.compile_s, time.perf_counter()
         out = self.target.run(
             rows,
             {"input_ids": ids, "position_ids": positions, "logits_indices": wanted},  # lists: see InputBinder
@@ -203,7 +203,9 @@ class Scheduler:
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
         self._call_s += seconds
-        if self.speculation is not None:
+        if self.speculation is not None and self.target.compile_s == compiled:
+            # A call that compiled a copy for its row count (and ran it first, allocating its memory) is a one-off,
+            # 10-20x a steady call on the demo pair: a cost curve that kept it never drafted at that size again.
             self.speculation.target_cost.observe(len(ids), seconds)
         greedy = out["greedy_ids"].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
         logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
@@ -345,14 +347,15 @@ class Scheduler:
                 continue
             items.append(DraftItem(request.id, context, anchor, k, request.config.sampling, len(request.generated)))
             owners.append(request)
-        before = self.drafter.infer_s
+        before, compiled = self.drafter.infer_s, self.drafter.compile_s
         start = time.perf_counter()
         proposals = self.drafter.propose(items)
         seconds = time.perf_counter() - start
         self.metrics.draft_infer_s += self.drafter.infer_s - before
         self._call_s, self._drafted = self._call_s + seconds, True
         rows = sum(_context_rows(i) + (self._block_rows(i.num_tokens) if i.anchor is not None else 0) for i in items)
-        self.speculation.draft_cost.observe(rows, seconds)
+        if self.drafter.compile_s == compiled:  # else a one-off (see _target_step)
+            self.speculation.draft_cost.observe(rows, seconds)
         for request, proposal in zip(owners, proposals, strict=True):
             request.proposal = proposal
 

@@ -69,6 +69,10 @@ class SteeredDrafter(Drafter):
     def infer_s(self) -> float:  # type: ignore[override]
         return self.inner.infer_s
 
+    @property
+    def compile_s(self) -> float:  # type: ignore[override]
+        return self.inner.compile_s
+
     def propose(self, items: list[DraftItem]) -> list[list[int]]:
         self.calls += 1
         real = self.inner.propose(items)

@@ -64,6 +64,7 @@ class Drafter(ABC):
     candidate_offset: int = 1  # block rows before the first candidate row: a block proposing k tokens runs k + this
     tap_width: int  # width of a context row (the target taps the draft reads)
     infer_s: float = 0.0  # time spent inside draft inference calls, for the time split
+    compile_s: float = 0.0  # of which compiling (ovbuild.runtime.static_rows): a one-off the call costs leave out
 
     @classmethod
     @abstractmethod

@@ -64,6 +64,10 @@ class BlockDrafter(Drafter):
     def cache_manager(self) -> CacheManager:
         return self.model.cache_manager
 
+    @property
+    def compile_s(self) -> float:  # type: ignore[override]
+        return self.model.compile_s
+
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)
         self.committed.pop(seq_id, None)
