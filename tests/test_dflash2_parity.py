@@ -96,13 +96,20 @@ def test_v2_draft_matches_reference(v2):
     assert hidden < F32_NMSE, f"{dtype} last_hidden_state NMSE {hidden:.2e}"
 
 
-def test_padded_v2_draft_matches_reference(v2, target):
-    """With its calls padded as the drafter runs them (a padding sequence after the real ones): the grouped conv and
-    the block masks see each sequence alone, so the real rows' outputs stay the reference's."""
+@pytest.mark.parametrize("static", [False, True], ids=["padded", "static"])
+def test_padded_v2_draft_matches_reference(v2, target, static):
+    """With its calls padded as the drafter runs them (a padding sequence after the real ones, in the dynamic model
+    or in a static copy per row count): the grouped conv and the block masks see each sequence alone, so the real
+    rows' outputs stay the reference's."""
     dtype, cfg, weights, ref, _ = v2
-    model = PagedModel(build_dflash2_draft(cfg, weights, target[1]), kv_cache_precision="f32", padding=DRAFT_PADDING)
+    model = PagedModel(
+        build_dflash2_draft(cfg, weights, target[1]),
+        kv_cache_precision="f32",
+        padding=DRAFT_PADDING,
+        static_rows=static,
+    )
     out = run_draft(model, ref, SCHEDULE)
-    print(f"{dtype} v2 draft, padded calls: logits NMSE {out.nmse('logits'):.2e}")
+    print(f"{dtype} v2 draft, padded calls ({'static' if static else 'dynamic'}): logits NMSE {out.nmse('logits'):.2e}")
     assert out.nmse("logits") < F32_NMSE and out.nmse("last_hidden_state") < F32_NMSE
 
 

@@ -58,10 +58,14 @@ def test_backbone_matches_reference_with_its_own_tables(kind, drafts, backbone_r
     print(f"{kind} backbone: logits NMSE {out.nmse('logits'):.2e}, hidden NMSE {out.nmse('last_hidden_state'):.2e}")
 
 
-def test_padded_backbone_matches_reference(drafts, target):
-    """With its calls padded as the drafter runs them, the real rows' outputs stay the reference's."""
+@pytest.mark.parametrize("static", [False, True], ids=["padded", "static"])
+def test_padded_backbone_matches_reference(drafts, target, static):
+    """With its calls padded as the drafter runs them (in the dynamic model or in a static copy per row count), the
+    real rows' outputs stay the reference's."""
     cfg, weights = drafts[("gated", "f32")]
-    model = PagedModel(build_dspark_draft(cfg, weights, target[1]), kv_cache_precision="f32", padding=DRAFT_PADDING)
+    model = PagedModel(
+        build_dspark_draft(cfg, weights, target[1]), kv_cache_precision="f32", padding=DRAFT_PADDING, static_rows=static
+    )
     out = run_draft(model, DSparkReference(cfg, weights, target[1]), SCHEDULE)
     print(f"gated backbone, padded calls: logits NMSE {out.nmse('logits'):.2e}")
     assert out.nmse("logits") < F32_NMSE and out.nmse("last_hidden_state") < F32_NMSE

@@ -45,16 +45,25 @@ DRAFT_SCHEDULE = [
 ]
 
 
-def target_pair(cfg_weights, taps=(1, 3, 5), padding=None):
+# How a PagedModel runs its calls: the dynamic-shape model as they come; the dynamic model, every call whose row count
+# differs from the recent ones with a padding sequence (ovbuild.runtime.padding); static copies per row count
+# (ovbuild.runtime.static_rows, what CPU models this small run by default).
+CALLS = {
+    "unpadded": dict(static_rows=False),
+    "padded": dict(padding=DRAFT_PADDING, static_rows=False),
+    "static": dict(static_rows=True),
+}
+
+
+def target_pair(cfg_weights, taps=(1, 3, 5), calls="static"):
     cfg, weights = cfg_weights
-    model = PagedModel(build_target(cfg, weights, taps), kv_cache_precision="f32", padding=padding)
+    model = PagedModel(build_target(cfg, weights, taps), kv_cache_precision="f32", **CALLS[calls])
     return model, Qwen3Reference(cfg, weights)
 
 
-# padded: every call whose row count differs from the recent ones runs with a padding sequence (ovbuild.runtime.padding)
-@pytest.mark.parametrize("padding", [None, DRAFT_PADDING], ids=["unpadded", "padded"])
-def test_target_matches_reference(target, padding):
-    model, ref = target_pair(target, padding=padding)
+@pytest.mark.parametrize("calls", list(CALLS))
+def test_target_matches_reference(target, calls):
+    model, ref = target_pair(target, calls=calls)
     out = run_target(model, ref, (1, 3, 5), TARGET_SCHEDULE)
     print(f"paged target vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('hidden_states'):.2e}")
     assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
@@ -91,10 +100,10 @@ def test_taps_leave_the_logits_of_the_target_alone(target, math):
     assert nmse(with_taps["hidden_states"][:17], hidden) < 1e-3  # bf16 math through the layers: about 1e-4
 
 
-@pytest.mark.parametrize("padding", [None, DRAFT_PADDING], ids=["unpadded", "padded"])
-def test_draft_matches_reference(target, draft, padding):
+@pytest.mark.parametrize("calls", list(CALLS))
+def test_draft_matches_reference(target, draft, calls):
     dcfg, dweights = draft
-    model = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32", padding=padding)
+    model = PagedModel(build_dflash_draft(dcfg, dweights, target[1]), kv_cache_precision="f32", **CALLS[calls])
     out = run_draft(model, DFlashReference(dcfg, dweights, target[1]), DRAFT_SCHEDULE)
     print(f"paged draft vs reference: logits NMSE {out.nmse('logits'):.2e}, hidden {out.nmse('last_hidden_state'):.2e}")
     assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
