@@ -292,3 +292,27 @@ def test_results_written_to_json_after_the_checks(folders, tmp_path, capsys):
     out = tmp_path / "out.json"
     assert generate(capsys, folders, "--json", out).code == 0
     assert len(json.loads(out.read_text())["requests"]) == 1
+
+
+def test_static_rows_option_reaches_both_models(folders, capsys, monkeypatch):
+    seen = []
+    init = PagedModel.__init__
+
+    def spy(self, *args, static_rows=None, **kwargs):
+        seen.append(static_rows)
+        init(self, *args, static_rows=static_rows, **kwargs)
+
+    monkeypatch.setattr(PagedModel, "__init__", spy)
+    for choice, expected in (("off", False), ("auto", None), ("on", True)):
+        seen.clear()
+        run = generate(capsys, folders, "--draft", str(folders[1]), "--static-rows", choice)
+        assert run.code == 0 and "generated tokens" in run.err, run.err
+        assert seen == [expected, expected], f"--static-rows {choice}: the target and the draft got {seen}"
+
+
+def test_static_rows_on_is_refused_off_cpu(folders, capsys, monkeypatch, no_work):
+    monkeypatch.setattr("ovbuild.runtime.devices.check_device", lambda device: None)  # as if the device existed
+    assert_one_line(
+        generate(capsys, folders, "--device", "GPU", "--static-rows", "on"),
+        "--static-rows on: static copies run on CPU, not on GPU",
+    )

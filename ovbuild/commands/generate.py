@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.errors import ConfigError, RequestError
+from ovbuild.errors import ConfigError, RequestError, UnsupportedError
+
+STATIC_ROWS = {"auto": None, "on": True, "off": False}  # --static-rows -> ModelOptions.static_rows
 
 
 def register(subparsers) -> None:
@@ -119,6 +121,13 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-cache-mb", type=float, default=FAST_DRAFT.cache_mb, help="draft KV cache size in MB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument(
+        "--static-rows",
+        choices=tuple(STATIC_ROWS),
+        default="auto",
+        help="run the calls of both models in copies compiled per row count, each holding its own weights (auto: on "
+        "CPU for models with up to 32 MB of weights, where the demo pair served 1.1x to 1.4x faster)",
+    )
+    p.add_argument(
         "--max-model-len",
         type=int,
         help="longest prompt + max_new_tokens served (default: the target's max_position_embeddings; only lowers it)",
@@ -137,8 +146,9 @@ def runtime_options(args: argparse.Namespace):
     from ovbuild.families import DRAFTER_OPTIONS
     from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions
 
-    target = ModelOptions(args.kv_cache_precision, args.inference_precision, args.cache_mb)
-    draft = ModelOptions(args.draft_kv_cache_precision, args.draft_inference_precision, args.draft_cache_mb)
+    static = STATIC_ROWS[args.static_rows]
+    target = ModelOptions(args.kv_cache_precision, args.inference_precision, args.cache_mb, static)
+    draft = ModelOptions(args.draft_kv_cache_precision, args.draft_inference_precision, args.draft_cache_mb, static)
     # Only options set away from their defaults reach the drafter, so drafts of other families keep working.
     draft_options = {o.name: getattr(args, o.name) for o in DRAFTER_OPTIONS if getattr(args, o.name) != o.default}
     return RuntimeOptions(
@@ -157,6 +167,8 @@ def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
     from ovbuild.runtime.validation import check_cache_mb, check_positive_int
 
     check_device(args.device)
+    if args.static_rows == "on" and not args.device.upper().startswith("CPU"):
+        raise UnsupportedError(f"--static-rows on: static copies run on CPU, not on {args.device}")
     check_cache_mb(args.cache_mb, "--cache-mb")
     precision = target_inference_precision(args.device, args.inference_precision, args.kv_cache_precision)
     check_kv_precision(args.device, args.kv_cache_precision, precision, "--kv-cache-precision")

@@ -190,8 +190,9 @@ class PagedModel:
         if not static:
             return self._call(rows, inputs, None, self.request, self.binder, 0)
         real = sum(r.num_rows for r in rows)
-        request, binder = self.static.copy(bucket(real))
-        return self._call(rows, inputs, None, request, binder, bucket(real) - real)
+        size = bucket(real)
+        request, binder = self.static.copy(size)
+        return self._call(rows, inputs, None, request, binder, size - real)
 
     def _call(
         self,

@@ -1,10 +1,11 @@
 """Static row counts: a small model's calls run in copies of it compiled for fixed row counts.
 
 The CPU plugin runs every node of a dynamic-shape model through its shape and memory checks on every call, even when
-the shapes repeat: on the demo target a decode call took 1.3x to 1.55x as long as the same call in a copy compiled for
-its row count (bench/bench_static_rows.py). So a model small enough to copy runs each call padded up to the next of
-BUCKETS rows, in a copy compiled for that row count when first needed; the copies share the model's KV cache tensors,
-and only the row dimension is fixed (the PagedAttention layout and the logits rows stay dynamic).
+the shapes repeat, and a small model's calls are mostly that: on the demo target a call took 1.1x to 1.5x as long as
+in a copy compiled for its row count, and the demo pair served 1.1x to 1.4x as fast with copies
+(bench/bench_static_rows.py). So a model small enough to copy runs each call padded up to the next of BUCKETS rows, in
+a copy compiled for that row count when first needed; the copies share the model's KV cache tensors, and only the row
+dimension is fixed (the PagedAttention layout and the logits rows stay dynamic).
 
 Exactness: a row computes bitwise the same in every copy of 2 rows or more, whatever the other rows of its call, but
 the dynamic model and a 1-row copy take other kernels (in f32 the dynamic model rounds a 1-row call differently from
