@@ -163,7 +163,8 @@ class PagedModel:
         """One packed call: rows say which sequences are in it and where they stand; returns every output.
         With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
         (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
-        `state_rows` among `inputs`) keeps the states itself, and the pool is left alone."""
+        `state_rows` among `inputs`) keeps the states itself, and the pool is left alone. With static copies the
+        call may run as several parts (ovbuild.runtime.static_rows.parts), whose outputs come back merged."""
         if self.static is None:
             real = sum(r.num_rows for r in rows)
             pad = self.padding.rows(real) - real if self.padding is not None else 0
@@ -182,7 +183,8 @@ class PagedModel:
         for part, static in cut:
             local, held = part_inputs(inputs, offsets, rows, part)
             outputs = self._part([rows[i] for i in part], local, static)
-            calls.append((held, {name: np.array(value) for name, value in outputs.items()}))  # the next part reuses
+            # copies: the next part may run in the same copy, whose output tensors these views read
+            calls.append((held, {name: np.array(value) for name, value in outputs.items()}))
         return merge(calls, inputs, offsets[-1])
 
     def _part(self, rows: list[SequenceRows], inputs: dict, static: bool) -> dict[str, np.ndarray]:
