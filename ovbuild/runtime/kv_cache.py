@@ -77,11 +77,15 @@ class PagedKVCache:
     """Cache tensors shaped from the compiled model's inputs, bound to one infer request, plus their allocator."""
 
     def __init__(
-        self, compiled: ov.CompiledModel, request: ov.InferRequest, num_blocks: int, pinned: tuple[int, int] = (0, 0)
+        self,
+        compiled: ov.CompiledModel,
+        request: ov.InferRequest,
+        num_blocks: int,
+        pinned: tuple[int, int] | None = None,
     ):
         """pinned: (sequence id, rows) given blocks of their own beyond the num_blocks of the pool."""
         block_size = cache_block_size(compiled)
-        pinned_id, pinned_rows = pinned
+        pinned_id, pinned_rows = pinned or (0, 0)
         extra = -(-pinned_rows // block_size)
         self.names: list[str] = []
         for port in compiled.inputs:

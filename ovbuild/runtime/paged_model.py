@@ -126,7 +126,7 @@ class PagedModel:
         elif static_rows and not self.row_subsequences:
             raise UnsupportedError("static row counts run on CPU, for a model without linear-attention states")
         # the copies' padding rows have blocks of their own for good, beyond the budget's
-        pinned = (PAD_SEQUENCE, BUCKETS[-1]) if static_rows else (0, 0)
+        pinned = (PAD_SEQUENCE, BUCKETS[-1]) if static_rows else None
         self.cache = PagedKVCache(self.compiled, self.request, num_blocks, pinned)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
         self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
