@@ -138,3 +138,16 @@ def test_calls_that_compile_a_copy_stay_out_of_the_cost_curves(target, draft):
     compiled = {"target": len(model.static.copies), "draft": len(drafter.model.static.copies)}
     assert all(compiled.values()), compiled
     assert observed == {name: calls[name] - compiled[name] for name in calls}, (observed, calls, compiled)
+
+
+def test_compile_copies_compiles_every_row_count_up_front(target):
+    cfg, weights = target
+    model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)
+    model.compile_copies()
+    assert set(model.static.copies) == set(BUCKETS)
+    compiled = model.compile_s
+    model.run([SequenceRows(0, 0, 5)], {"input_ids": tokens(5), "position_ids": list(range(5)), "logits_indices": [4]})
+    assert model.compile_s == compiled, "a call compiled a copy that compile_copies had compiled"
+    dynamic = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=False)
+    dynamic.compile_copies()  # nothing to compile
+    assert dynamic.static is None and dynamic.compile_s == 0.0

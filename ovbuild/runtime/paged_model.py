@@ -138,6 +138,12 @@ class PagedModel:
         # inputs); with static copies, only prompt chunks longer than the largest copy run dynamic: unpadded too
         self.padding = RowPadding(*padding) if self.states is None and padding is not None and not static_rows else None
 
+    def compile_copies(self) -> None:
+        """Compile every static copy now, rather than on the first call of its row count."""
+        if self.static is not None:
+            for rows in BUCKETS:
+                self.static.copy(rows)
+
     @property
     def compile_s(self) -> float:
         """Seconds the calls so far spent compiling static copies: a one-off, which call costs leave out."""

@@ -26,6 +26,7 @@ def build_app(
     except ImportError as e:
         raise MissingDependencyError(f"ovbuild serve needs its extra: pip install 'ovbuild[serve]' ({e})") from e
     pipeline = Pipeline(target_dir, draft_dir, options)
+    pipeline.compile_copies()  # steady latency from the first request on
     engine = Engine(pipeline.scheduler(), pipeline.decode, max_requests)
     model = ServedModel.from_folder(name or str(target_dir), target_dir, pipeline, default_max_tokens)
     return create_app(engine, model)

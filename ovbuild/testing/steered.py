@@ -73,6 +73,9 @@ class SteeredDrafter(Drafter):
     def compile_s(self) -> float:  # type: ignore[override]
         return self.inner.compile_s
 
+    def compile_copies(self) -> None:
+        self.inner.compile_copies()
+
     def propose(self, items: list[DraftItem]) -> list[list[int]]:
         self.calls += 1
         real = self.inner.propose(items)

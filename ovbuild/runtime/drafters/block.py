@@ -68,6 +68,9 @@ class BlockDrafter(Drafter):
     def compile_s(self) -> float:  # type: ignore[override]
         return self.model.compile_s
 
+    def compile_copies(self) -> None:
+        self.model.compile_copies()
+
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)
         self.committed.pop(seq_id, None)
