@@ -31,8 +31,8 @@ def tokens(n: int) -> list[int]:
     return RNG.integers(0, 256, n).tolist()
 
 
-# A long prompt chunk with short ones and single rows (cut into a dynamic part and static parts), then more 1-row
-# subsequences than the largest copy holds (several static parts), then single rows alone (padded from 1 to 2 rows).
+# A long prompt chunk with short ones and a single row (cut into a dynamic part and a static one), then chunks that
+# together exceed the largest copy (two static parts), then single rows alone (padded from 1 to 2 rows).
 SCHEDULE = [
     [(0, tokens(LONG), LONG), (1, tokens(7), 7), (2, tokens(1), 1)],
     [(0, tokens(40), 40), (1, tokens(30), 30), (2, tokens(9), 5)],
@@ -49,15 +49,20 @@ def test_parts_keep_long_subsequences_dynamic_and_fill_copies_in_order():
     assert [bucket(n) for n in (1, 2, 5, 17, BUCKETS[-1])] == [2, 2, 6, 24, BUCKETS[-1]]
 
 
-def test_target_in_static_copies_matches_reference(target):
+# Copies each schedule compiles. Chunks: 7 + 1 rows; 40, then 30 + 9 (79 exceed the largest copy); 1 row padded to 2;
+# 1 + 2 rows. Every row a 1-row subsequence: 78 and 79 rows fill a 64-row part and a 16-row one.
+COPIES = {False: {8, 48, 2, 3}, True: {64, 16, 2, 3}}
+
+
+@pytest.mark.parametrize("row_subsequences", [False, True], ids=["chunks", "rows"])
+def test_target_in_static_copies_matches_reference(target, row_subsequences):
     cfg, weights = target
     model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)
-    out = run_target(model, Qwen3Reference(cfg, weights), TAPS, SCHEDULE, row_subsequences=False)
+    out = run_target(model, Qwen3Reference(cfg, weights), TAPS, SCHEDULE, row_subsequences=row_subsequences)
     print(f"static copies vs reference: logits NMSE {out.nmse('logits'):.2e}, taps {out.nmse('hidden_states'):.2e}")
     assert out.nmse("logits") < F32_NMSE, f"logits NMSE {out.nmse('logits'):.2e}"
     assert out.nmse("hidden_states") < F32_NMSE, f"taps NMSE {out.nmse('hidden_states'):.2e}"
-    # 7 + 1 rows; 40 and 30 + 9 rows in two parts (the 79 exceed the largest copy); 1 row padded to 2; 1 + 2 rows
-    assert set(model.static.copies) == {8, 48, 2, 3}, f"copies compiled: {sorted(model.static.copies)}"
+    assert set(model.static.copies) == COPIES[row_subsequences], f"copies compiled: {sorted(model.static.copies)}"
     assert model.cache.allocator.tables.keys() == {0, 1, 2}, "the padding rows' blocks are not the pool's"
 
 
