@@ -13,10 +13,7 @@ side in one process (rounds interleaved in shuffled order, the median of per-rou
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +29,7 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions, target_precision
 
 from bench_row_padding import export_pair
-from bench_target_precision import serve_batches
-from bench_vs_genai import PROMPTS
+from bench_target_precision import call, per_call, serve_side_by_side, show_pairs
 
 CONTEXT = 96  # cached tokens per sequence before every timed target call
 # name: (sequences, rows per sequence)
@@ -54,43 +50,12 @@ def resident_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
 
 
-def target_call(target: PagedModel, sequences: int, rows: int) -> None:
-    """`rows` new rows per sequence after the cached context, each a 1-row subsequence (rolled back by the next)."""
-    layout = [SequenceRows(s, CONTEXT + i, 1) for s in range(sequences) for i in range(rows)]
-    n = sequences * rows
-    feed = {"input_ids": [5] * n, "position_ids": [CONTEXT + i for _ in range(sequences) for i in range(rows)]}
-    target.run(layout, feed | {"logits_indices": list(range(n))})
-
-
 def draft_call(drafter: BlockDrafter, sequences: int, context: int, tokens: int) -> None:
     """One draft call of fresh sequences: `context` rows of taps each and a block proposing `tokens` tokens."""
     taps = np.zeros((context, drafter.tap_width), np.float32)
     drafter.propose([DraftItem(100 + s, taps, 5, tokens) for s in range(sequences)])
     for s in range(sequences):
         drafter.free(100 + s)
-
-
-def per_call(cases: dict, rounds: int, calls: int) -> dict:
-    """Median seconds per call of every case (name -> a function making one call), per round; round 0 warms up."""
-    times = {name: [] for name in cases}
-    for _ in range(rounds + 1):
-        for name in random.sample(list(cases), len(cases)):
-            seconds = []
-            for _ in range(calls):
-                start = time.perf_counter()
-                cases[name]()
-                seconds.append(time.perf_counter() - start)
-            times[name].append(statistics.median(seconds))
-    return {name: values[1:] for name, values in times.items()}
-
-
-def show(times: dict, pairs: list[str], title: str) -> None:
-    print(f"\n{title}: ms per call (median), dynamic / static time (median of per-round ratios, min-max)")
-    for name in pairs:
-        dynamic, static = times[("dynamic", name)], times[("static", name)]
-        ratios = [d / s for d, s in zip(dynamic, static, strict=True)]
-        ms = f"dynamic {statistics.median(dynamic) * 1e3:6.3f}  static {statistics.median(static) * 1e3:6.3f}"
-        print(f"  {name:<28} {ms}  -> {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
 
 
 def calls(target_dir: Path, draft_dir: Path, math: str | None, rounds: int, n_calls: int) -> None:
@@ -103,15 +68,16 @@ def calls(target_dir: Path, draft_dir: Path, math: str | None, rounds: int, n_ca
             feed = {"input_ids": rng.integers(2, 4000, CONTEXT), "position_ids": np.arange(CONTEXT)}
             target.run([SequenceRows(s, 0, CONTEXT)], feed | {"logits_indices": [CONTEXT - 1]})
         for name, shape in TARGET_CALLS.items():
-            cases[(mode, name)] = lambda target=target, shape=shape: target_call(target, *shape)
+            cases[(mode, name)] = lambda target=target, shape=shape: call(target, *shape, CONTEXT)
         drafter = BlockDrafter(
             draft_model, "CPU", FAST_DRAFT.kv_cache_precision, "f32", num_blocks=64, static_rows=static
         )
         for name, shape in DRAFT_CALLS.items():
             cases[(mode, name)] = lambda drafter=drafter, shape=shape: draft_call(drafter, *shape)
     times = per_call(cases, rounds, n_calls)
-    show(times, list(TARGET_CALLS), f"demo target, {math or 'device default'} math, f16 cache")
-    show(times, list(DRAFT_CALLS), "demo draft, f32 math, u8 cache")
+    variants = ("dynamic", "static")
+    show_pairs(times, variants, list(TARGET_CALLS), f"demo target, {math or 'device default'} math, f16 cache")
+    show_pairs(times, variants, list(DRAFT_CALLS), "demo draft, f32 math, u8 cache")
 
 
 def served(target_dir: Path, draft_dir: Path, alone_dir: Path, rounds: int, concurrency: list[int]) -> None:
@@ -123,30 +89,7 @@ def served(target_dir: Path, draft_dir: Path, alone_dir: Path, rounds: int, conc
         options = RuntimeOptions(target=target, draft=draft)
         modes[(mode, "alone")] = Pipeline(alone_dir, None, options)
         modes[(mode, "draft")] = Pipeline(target_dir, draft_dir, options)
-    encode = modes[("dynamic", "alone")].encode
-    for n in concurrency:
-        prompts = [encode(p) for p in PROMPTS[: max(n, 4)]]
-        batches = [prompts[:n]] if n > 1 else [[p] for p in prompts]
-        serve = {mode: (lambda pipe=pipe, b=batches: serve_batches(pipe, b)) for mode, pipe in modes.items()}
-        for run in serve.values():  # warm-up: the copies' compilation, and the draft pipelines' cost calibration
-            run()
-        expected = {mode: serve[(mode, "alone")]() for mode in ("dynamic", "static")}
-        same = sum(a == b for a, b in zip(expected["dynamic"], expected["static"], strict=True))
-        seconds = {mode: [] for mode in modes}
-        for _ in range(rounds):
-            for mode in random.sample(list(modes), len(modes)):
-                start = time.perf_counter()
-                tokens = serve[mode]()
-                seconds[mode].append(time.perf_counter() - start)
-                if tokens != expected[mode[0]]:
-                    raise SystemExit(f"{mode}: tokens differ from the target alone run the same way")
-        label = "one request at a time" if n == 1 else f"{n} requests at once"
-        print(f"\ndemo pair, {label}: dynamic alone time / mode time (median of per-round ratios, min-max)")
-        print(f"  (static and dynamic alone gave the same tokens in {same} of {len(expected['static'])} requests)")
-        base = seconds[("dynamic", "alone")]
-        for mode, times in seconds.items():
-            ratios = [b / t for b, t in zip(base, times, strict=True)]
-            print(f"  {mode[0]:>7} {mode[1]:<5} {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+    serve_side_by_side(modes, rounds, concurrency)
 
 
 def memory(target_dir: Path, math: str | None) -> None:

@@ -57,11 +57,12 @@ def compiled(model, math: str, sequences: int, vocab: int, rng) -> PagedModel:
     return target
 
 
-def call(target: PagedModel, sequences: int, rows: int) -> None:
-    """One call of `rows` new rows per sequence after the cached context (rolled back by the next call)."""
-    layout = [SequenceRows(s, CONTEXT + i, 1) for s in range(sequences) for i in range(rows)]
+def call(target: PagedModel, sequences: int, rows: int, context: int = CONTEXT) -> None:
+    """One call of `rows` new rows per sequence after `context` cached tokens, each row a 1-row subsequence as the
+    scheduler verifies them (rolled back by the next call)."""
+    layout = [SequenceRows(s, context + i, 1) for s in range(sequences) for i in range(rows)]
     n = sequences * rows
-    feed = {"input_ids": [5] * n, "position_ids": [CONTEXT + i for _ in range(sequences) for i in range(rows)]}
+    feed = {"input_ids": [5] * n, "position_ids": [context + i for _ in range(sequences) for i in range(rows)]}
     target.run(layout, feed | {"logits_indices": list(range(n))})
 
 
@@ -72,23 +73,38 @@ def compare(label: str, model_of, vocab: int, rounds: int, calls: int) -> None:
     model = model_of()
     targets = {math: compiled(model, math, 4, vocab, rng) for math in ("f32", "bf16")}
     del model
-    times = {(math, name): [] for math in targets for name in CALLS}
-    for _ in range(rounds + 1):  # round 0 warms every shape up
-        for math, name in random.sample(list(times), len(times)):
+    cases = {
+        (math, name): (lambda t=t, shape=shape: call(t, *shape))
+        for math, t in targets.items()
+        for name, shape in CALLS.items()
+    }
+    show_pairs(per_call(cases, rounds, calls), ("f32", "bf16"), list(CALLS), label)
+
+
+def per_call(cases: dict, rounds: int, calls: int) -> dict[object, list[float]]:
+    """Median seconds per call of every case (key -> a function making one call), per round: rounds in shuffled
+    order, after a round 0 that warms every shape up."""
+    times = {key: [] for key in cases}
+    for _ in range(rounds + 1):
+        for key in random.sample(list(cases), len(cases)):
             seconds = []
             for _ in range(calls):
                 start = time.perf_counter()
-                call(targets[math], *CALLS[name])
+                cases[key]()
                 seconds.append(time.perf_counter() - start)
-            times[(math, name)].append(statistics.median(seconds))
-    print(f"\n{label}: ms per call (median), f32 / bf16 time (median of per-round ratios, min-max)")
-    for name in CALLS:
-        f32, bf16 = times[("f32", name)][1:], times[("bf16", name)][1:]
-        ratios = [a / b for a, b in zip(f32, bf16, strict=True)]
-        print(
-            f"  {name:<22} f32 {statistics.median(f32) * 1e3:7.2f}  bf16 {statistics.median(bf16) * 1e3:7.2f}  "
-            f"-> {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-        )
+            times[key].append(statistics.median(seconds))
+    return {key: values[1:] for key, values in times.items()}
+
+
+def show_pairs(times: dict, variants: tuple[str, str], names: list[str], title: str) -> None:
+    """For each name, both variants' ms per call (median) and first / second time (median of per-round ratios)."""
+    a, b = variants
+    print(f"\n{title}: ms per call (median), {a} / {b} time (median of per-round ratios, min-max)")
+    for name in names:
+        first, second = times[(a, name)], times[(b, name)]
+        ratios = [x / y for x, y in zip(first, second, strict=True)]
+        ms = f"{a} {statistics.median(first) * 1e3:7.3f}  {b} {statistics.median(second) * 1e3:7.3f}"
+        print(f"  {name:<28} {ms}  -> {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
 
 
 def serve_batches(pipeline: Pipeline, batches: list[list[list[int]]]) -> list[list[int]]:
@@ -110,14 +126,25 @@ def pipelines(target_dir: Path, draft_dir: Path, alone_dir: Path, rounds: int, c
         options = RuntimeOptions(target=ModelOptions(EXACT_TARGET.kv_cache_precision, math, EXACT_TARGET.cache_mb))
         modes[(math, "alone")] = Pipeline(alone_dir, None, options)
         modes[(math, "draft")] = Pipeline(target_dir, draft_dir, options)
-    encode = modes[("f32", "alone")].encode
+    serve_side_by_side(modes, rounds, concurrency)
+
+
+def serve_side_by_side(modes: dict[tuple[str, str], Pipeline], rounds: int, concurrency: list[int]) -> None:
+    """Serve the demo prompts in every mode ((variant, "alone" or "draft") -> pipeline) at each concurrency, rounds
+    interleaved in shuffled order; every mode's tokens must equal its variant's alone. Prints each mode's speed
+    against the first variant's alone (median of per-round ratios), and how many requests the variants' alone runs
+    agree on."""
+    variants = list(dict.fromkeys(variant for variant, _ in modes))
+    base = (variants[0], "alone")
+    width = max(map(len, variants))
     for n in concurrency:
-        prompts = [encode(p) for p in PROMPTS[: max(n, 4)]]
+        prompts = [modes[base].encode(p) for p in PROMPTS[: max(n, 4)]]
         batches = [prompts[:n]] if n > 1 else [[p] for p in prompts]
         serve = {mode: (lambda pipe=pipe, b=batches: serve_batches(pipe, b)) for mode, pipe in modes.items()}
-        for run in serve.values():  # warm-up: first-call shapes, and the draft pipelines' cost calibration
+        for run in serve.values():  # warm-up: first-call shapes and compiled copies, the draft's cost calibration
             run()
-        expected = {math: serve[(math, "alone")]() for math in ("f32", "bf16")}
+        expected = {variant: serve[(variant, "alone")]() for variant in variants}
+        agree = sum(len(set(map(tuple, requests))) == 1 for requests in zip(*expected.values(), strict=True))
         seconds = {mode: [] for mode in modes}
         for _ in range(rounds):
             for mode in random.sample(list(modes), len(modes)):
@@ -125,13 +152,14 @@ def pipelines(target_dir: Path, draft_dir: Path, alone_dir: Path, rounds: int, c
                 tokens = serve[mode]()
                 seconds[mode].append(time.perf_counter() - start)
                 if tokens != expected[mode[0]]:
-                    raise SystemExit(f"{mode}: tokens differ from the target alone at the same math")
+                    raise SystemExit(f"{mode}: tokens differ from {mode[0]} alone")
         label = "one request at a time" if n == 1 else f"{n} requests at once"
-        print(f"\ndemo pair, {label}: f32 alone time / mode time (median of per-round ratios, min-max)")
-        base = seconds[("f32", "alone")]
+        print(f"\ndemo pair, {label}: {base[0]} alone time / mode time (median of per-round ratios, min-max)")
+        print(f"  ({' and '.join(variants)} alone gave the same tokens in {agree} of {len(prompts)} requests)")
         for mode, times in seconds.items():
-            ratios = [b / t for b, t in zip(base, times, strict=True)]
-            print(f"  {mode[0]:>4} {mode[1]:<5} {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+            ratios = [b / t for b, t in zip(seconds[base], times, strict=True)]
+            spread = f"({min(ratios):.2f}-{max(ratios):.2f})"
+            print(f"  {mode[0]:>{width}} {mode[1]:<5} {statistics.median(ratios):.2f}x {spread}")
 
 
 def main() -> None:
