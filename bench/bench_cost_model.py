@@ -45,7 +45,7 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
@@ -93,10 +93,7 @@ def spread(total: int, n: int) -> list[int]:
 def target_call(model: PagedModel, rows: list[int], past: int, rng) -> None:
     """Sequence s runs rows[s] new rows after `past` cached tokens (the cache is rolled back every call); each row a
     1-row subsequence where the scheduler verifies so (PagedModel.row_subsequences)."""
-    if model.row_subsequences:
-        seqs = [SequenceRows(s, past + i, 1) for s, r in enumerate(rows) for i in range(r)]
-    else:
-        seqs = [SequenceRows(s, past, r) for s, r in enumerate(rows)]
+    seqs = [part for s, r in enumerate(rows) for part in sequence_rows(s, past, r, model.row_subsequences)]
     total = sum(rows)
     model.run(
         seqs,

@@ -29,7 +29,7 @@ from ovbuild.export import export
 from ovbuild.graph.ir import read_ir
 from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
@@ -60,7 +60,7 @@ def compiled(model, math: str, sequences: int, vocab: int, rng) -> PagedModel:
 def call(target: PagedModel, sequences: int, rows: int, context: int = CONTEXT) -> None:
     """One call of `rows` new rows per sequence after `context` cached tokens, each row a 1-row subsequence as the
     scheduler verifies them (rolled back by the next call)."""
-    layout = [SequenceRows(s, context + i, 1) for s in range(sequences) for i in range(rows)]
+    layout = [part for s in range(sequences) for part in sequence_rows(s, context, rows, one_per_row=True)]
     n = sequences * rows
     feed = {"input_ids": [5] * n, "position_ids": [context + i for _ in range(sequences) for i in range(rows)]}
     target.run(layout, feed | {"logits_indices": list(range(n))})

@@ -20,6 +20,14 @@ class SequenceRows(NamedTuple):
     num_rows: int
 
 
+def sequence_rows(seq_id: int, past_len: int, num_rows: int, one_per_row: bool) -> list[SequenceRows]:
+    """A sequence's rows of a call: one subsequence, or (one_per_row) a 1-row subsequence per row, each attending to
+    the rows before it (how verification rows run on CPU: see PagedModel.row_subsequences)."""
+    if one_per_row:
+        return [SequenceRows(seq_id, past_len + i, 1) for i in range(num_rows)]
+    return [SequenceRows(seq_id, past_len, num_rows)]
+
+
 class BlockAllocator(CacheManager):
     """Fixed pool of KV cache blocks; each sequence owns a list of blocks in logical order."""
 

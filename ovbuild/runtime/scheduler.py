@@ -26,7 +26,7 @@ from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
-from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.kv_cache import sequence_rows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
@@ -181,12 +181,10 @@ class Scheduler:
         state_rows = [] if self.states is not None else None
         for request, tokens, want in batch:
             begin = len(ids)
-            if request.status is Status.DECODE and self.target.row_subsequences:
-                # each verification row a subsequence of its own, attending to the rows before it in the cache: the
-                # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel)
-                rows += [SequenceRows(request.id, request.target_len + i, 1) for i in range(len(tokens))]
-            else:
-                rows.append(SequenceRows(request.id, request.target_len, len(tokens)))
+            # each verification row a subsequence of its own, attending to the rows before it in the cache: the
+            # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel)
+            one_per_row = request.status is Status.DECODE and self.target.row_subsequences
+            rows += sequence_rows(request.id, request.target_len, len(tokens), one_per_row)
             if state_rows is not None:
                 # states after every verification row (the last accepted one is kept), after a prompt chunk's last row
                 decoding = request.status is Status.DECODE
