@@ -23,6 +23,15 @@ INTERRUPTED, TERMINATED = "ovbuild: interrupted", "ovbuild: terminated"
 OUTCOMES = {signal.SIGINT: (130, INTERRUPTED), signal.SIGTERM: (143, TERMINATED)}
 
 
+@pytest.fixture(autouse=True)
+def sigint_as_on_a_terminal():
+    """SIGINT with Python's usual handler, as on a terminal: the tests here deliver it through the current handler,
+    and a non-interactive shell starts background jobs (pytest among them) with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def weight_format(folder) -> str:
     return flatten(read_ir(folder).get_rt_info())["ovbuild/weight_format"]
 
