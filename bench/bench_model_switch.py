@@ -37,7 +37,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ovbuild_switch_") as tmp:
         target, _, draft_dir = demo_pair(Path(tmp))
         drafter = BlockDrafter.from_folder(draft_dir)
-        one_thread = BlockDrafter.from_folder(draft_dir)
+        one_thread = BlockDrafter.from_folder(draft_dir)  # takes no plugin properties: its model is swapped for one
         one_thread.model = PagedModel(
             read_ir(draft_dir), "CPU", "u8", properties={"INFERENCE_NUM_THREADS": "1"}, padding=DRAFT_PADDING
         )
