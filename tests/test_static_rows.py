@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ovbuild.errors import UnsupportedError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
+from ovbuild.runtime import static_rows
 from ovbuild.runtime.devices import target_inference_precision
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -159,3 +161,27 @@ def test_compile_copies_compiles_every_row_count_up_front(target):
     dynamic = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=False)
     dynamic.compile_copies()  # nothing to compile
     assert dynamic.static is None and dynamic.compile_s == 0.0
+
+
+def test_a_copy_that_does_not_compile_is_one_clear_error(target, monkeypatch):
+    """A copy failing to compile mid-run (memory, say) stops with an ovbuild error naming the row count and the way
+    out, instead of the plugin's traceback or a silent fall back to the dynamic model (rows would round otherwise)."""
+    cfg, weights = target
+    model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)
+    model.run([SequenceRows(0, 0, 3)], {"input_ids": tokens(3), "position_ids": [0, 1, 2], "logits_indices": [2]})
+
+    def out_of_memory(*args):
+        raise RuntimeError("Exception from src/plugins/intel_cpu/src/graph.cpp:\nstd::bad_alloc")
+
+    monkeypatch.setattr(static_rows, "compiled_copy", out_of_memory)
+    try:
+        model.run(
+            [SequenceRows(0, 3, 5)], {"input_ids": tokens(5), "position_ids": list(range(3, 8)), "logits_indices": [4]}
+        )
+        error = None
+    except Exception as e:  # which exception comes out is what the test checks
+        error = e
+    assert isinstance(error, UnsupportedError), f"not one ovbuild error: {error!r}"
+    assert "for 6 rows does not compile on CPU (std::bad_alloc); --static-rows off" in str(error), str(error)
+    again = {"input_ids": tokens(3), "position_ids": [3, 4, 5], "logits_indices": [2]}
+    assert model.run([SequenceRows(0, 3, 3)], again)["logits"].shape[0] == 1, "the copy compiled before still runs"

@@ -469,6 +469,13 @@ MUTANTS = (
     ),
     # -- static row counts (stop 28) ---------------------------------------------------------------------------------
     Mutant(
+        "static-rows-copy-compile-error-raw",
+        "ovbuild/runtime/static_rows.py",
+        "            except (RuntimeError, MemoryError) as e:\n",
+        "            except ZeroDivisionError as e:\n",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
         "static-rows-1-row-copies",
         "ovbuild/runtime/static_rows.py",
         "BUCKETS = (2, 3, 4,",

@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 import openvino as ov
 
+from ovbuild.errors import UnsupportedError
 from ovbuild.graph.ir import core
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -83,7 +84,17 @@ class StaticCopies:
         """The infer request and binder of the copy for `rows` rows (a bucket), compiled now if need be."""
         if rows not in self.copies:
             start = time.perf_counter()
-            compiled = compiled_copy(self.source, self.model, self.device, self.config, rows)
+            try:
+                compiled = compiled_copy(self.source, self.model, self.device, self.config, rows)
+            except (RuntimeError, MemoryError) as e:
+                # mid-run (say, out of memory): one line naming the way out, not the plugin's traceback; no dynamic
+                # fallback, whose rows round otherwise (see the module's docstring on exactness)
+                reason = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()
+                raise UnsupportedError(
+                    f"the copy of '{self.source.get_friendly_name()}' for {rows} rows does not compile on "
+                    f"{self.device} ({reason}); --static-rows off (ModelOptions.static_rows=False) runs it without "
+                    "copies"
+                ) from None
             request = compiled.create_infer_request()
             for name, tensor in self.cache.items():
                 request.set_tensor(name, tensor)
