@@ -137,11 +137,13 @@ def serve_side_by_side(modes: dict[tuple[str, str], Pipeline], rounds: int, conc
     variants = list(dict.fromkeys(variant for variant, _ in modes))
     base = (variants[0], "alone")
     width = max(map(len, variants))
+    for pipeline in modes.values():  # every row count's copy now (static_rows): no timed run compiles one
+        pipeline.compile_copies()
     for n in concurrency:
         prompts = [modes[base].encode(p) for p in PROMPTS[: max(n, 4)]]
         batches = [prompts[:n]] if n > 1 else [[p] for p in prompts]
         serve = {mode: (lambda pipe=pipe, b=batches: serve_batches(pipe, b)) for mode, pipe in modes.items()}
-        for run in serve.values():  # warm-up: first-call shapes and compiled copies, the draft's cost calibration
+        for run in serve.values():  # warm-up: first-call shapes, the draft's cost calibration
             run()
         expected = {variant: serve[(variant, "alone")]() for variant in variants}
         agree = sum(len(set(map(tuple, requests))) == 1 for requests in zip(*expected.values(), strict=True))

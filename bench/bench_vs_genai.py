@@ -18,7 +18,8 @@ length tau_k times t_alone(1 row) / (t_target(k + 1 rows) + t_draft(tau_k + k + 
 fastest of the recent calls the runtime made with about that many rows (CallCost.fastest), host the per-step average of
 a step with a draft call; the best k is the most speculation could give on this pair and machine, and the measured ratio
 is set against it. Minima flatter on a shared machine, so next to each k's floor stands what that pinned k measured:
-every prompt run with it and alone in turn (order alternating), the ratio of the summed times.
+every prompt run with it and alone in turn (order alternating), the ratio of the summed times. Every static copy
+(ovbuild.runtime.static_rows) is compiled before anything is timed.
 
     python bench/bench_vs_genai.py [--rounds 5] [--new-tokens 64] [--concurrency 1 4 16 32]
         [--inference-precision f32|bf16]
@@ -196,6 +197,8 @@ def main() -> None:
         )
         block = int(json.loads((draft_ckpt / "config.json").read_text())["block_size"])
         modes = Modes(paged, genai_dirs, args.kv_cache_precision, args.new_tokens, block, args.inference_precision)
+        for pipeline in (modes.pipeline, modes.alone):  # every row count's copy now: no timed run compiles one
+            pipeline.compile_copies()
         encode = modes.pipeline.encode
         rng = np.random.default_rng(0)
         print(
@@ -253,7 +256,6 @@ def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: fl
     """The floor of speculation one request at a time, per pinned k, from the runtime's own cost models, and what
     each pinned k measured against the target alone."""
     spec = modes.pipeline.speculation
-    modes.pipeline.compile_copies()  # the pinned runs' row counts: no timed run compiles a static copy
     print("  floor, one request at a time (tau_k x t_alone(1) / (t_T(k+1) + t_D(tau_k+k+1) + t_host)):")
     t1 = fastest_decode_call(modes.alone.target)
     best, best_pinned = (0.0, 0), (0.0, 0)

@@ -7,7 +7,9 @@ import re
 
 import pytest
 
+from ovbuild import demo
 from ovbuild.cli import main
+from ovbuild.runtime import static_rows
 
 from export_helpers import write_exported_pair
 
@@ -83,8 +85,15 @@ def test_sampling_options_same_seed_same_output_and_clean_errors(folders, tmp_pa
         assert err.startswith(f"ovbuild: error: {message}") and err.count("\n") == 1
 
 
-def test_demo_on_the_tiny_pair_is_lossless_and_shows_its_progress(capsys):
+def test_demo_on_the_tiny_pair_is_lossless_and_shows_its_progress(capsys, monkeypatch):
+    # the order of copy compiles and timed serving: a copy compiled while timing costs 0.1-0.4 s in one side's round
+    events, real_copy, real_compare = [], static_rows.compiled_copy, demo.compare
+    monkeypatch.setattr(static_rows, "compiled_copy", lambda *a: events.append("copy") or real_copy(*a))
+    monkeypatch.setattr(demo, "compare", lambda *a, **k: events.append("timed") or real_compare(*a, **k))
     assert main(["demo", "--tiny", "--max-new-tokens", "8", "--rounds", "2"]) == 0  # the adaptive draft length
+    assert "timed" in events and "copy" not in events[events.index("timed") :], (
+        f"copies compiled while timing: {events}"
+    )
     captured = capsys.readouterr()
     out, err = captured.out, captured.err
     assert "outputs identical with and without the draft: yes" in out

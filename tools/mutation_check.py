@@ -469,6 +469,13 @@ MUTANTS = (
     ),
     # -- static row counts (stop 28) ---------------------------------------------------------------------------------
     Mutant(
+        "demo-compiles-copies-while-timing",
+        "ovbuild/demo.py",
+        "        pipeline.compile_copies()\n",
+        "",
+        ("tests/test_generate_cli.py",),
+    ),
+    Mutant(
         "static-rows-copy-compile-error-raw",
         "ovbuild/runtime/static_rows.py",
         "            except (RuntimeError, MemoryError) as e:\n",
