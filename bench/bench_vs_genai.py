@@ -17,7 +17,7 @@ One request at a time it also prints the floor of issue 14: for each pinned draf
 length tau_k times t_alone(1 row) / (t_target(k + 1 rows) + t_draft(tau_k + k + 1 rows) + t_host), each call time the
 fastest of the recent calls the runtime made with about that many rows (CallCost.fastest), host the per-step average of
 a step with a draft call; the best k is the most speculation could give on this pair and machine, and the measured ratio
-is set against it. Minima flatter on a shared machine, so next to each k's floor stands what that pinned k measured:
+is set against it. Minima flatter the floor on a shared machine, so next to it stands what each pinned k measured:
 every prompt run with it and alone in turn (order alternating), the ratio of the summed times. Every static copy
 (ovbuild.runtime.static_rows) is compiled before anything is timed.
 

@@ -170,8 +170,9 @@ def run_demo(
         say("compiling")
         pipeline = Pipeline(*exported, options)
         # First-call allocations, the draft-length planner's calibration and the copies compiled per row count
-        # (ovbuild.runtime.static_rows) stay out of the timing: a copy compiled in a timed round, on one side, made
-        # that round's speed-up 0.5x or less. Every copy, as a draft call's rows depend on when the planner drafts.
+        # (ovbuild.runtime.static_rows) stay out of the timing: a copy compiled in a timed round (0.1-0.4 s, where a
+        # round one request at a time takes 0.4-0.6 s a side) cut that round's speed-up by a fifth or more. Every
+        # copy, as a draft call's row count depends on when the planner drafts.
         say("warming up")
         pipeline.compile_copies()
         for batch in [*([p] for p in prompts), prompts]:
