@@ -5,6 +5,9 @@
    draft call carries each step: the rows the last verification accepted), unpadded and padded.
 3. Speculative decoding of the demo pair at pinned draft lengths, the draft padded and unpadded: draft time per step.
 
+Every model here runs with dynamic shapes (static_rows off), the path of models too big for static copies: on CPU a
+small model's calls run in copies compiled per row count instead (bench_static_rows.py), and padding is off there.
+
 Side by side in one process, interleaved rounds in a new order each round, medians; ratios within rounds.
 
     python bench/bench_row_padding.py [--rounds 9] [--calls 60]
@@ -29,7 +32,7 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
+from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 
 CONTEXT = 48
@@ -64,11 +67,11 @@ def export_pair(folder: Path) -> tuple[Path, Path]:
     return target_dir, export(draft_ckpt, folder / "draft", target_model=target_ckpt, quiet=True).out
 
 
-def demo_pair(folder: Path) -> tuple[PagedModel, Path, Path]:
+def demo_pair(folder: Path, static_rows: bool | None = None) -> tuple[PagedModel, Path, Path]:
     """The shipped pair exported into `folder` (export_pair): the target compiled with CONTEXT tokens of sequence 0
-    cached (what target_call continues), and the target's and the draft's folders."""
+    cached (what target_call continues; static_rows as for PagedModel), and the target's and the draft's folders."""
     target_dir, draft_dir = export_pair(folder)
-    target = PagedModel(read_ir(target_dir), "CPU", "f16", "f32")
+    target = PagedModel(read_ir(target_dir), "CPU", "f16", "f32", static_rows=static_rows)
     target.run([SequenceRows(0, 0, CONTEXT)], {"input_ids": np.full(CONTEXT, 5), "position_ids": np.arange(CONTEXT)})
     return target, target_dir, draft_dir
 
@@ -98,7 +101,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     calls = range(args.calls)
     with tempfile.TemporaryDirectory(prefix="ovbuild_padding_") as tmp:
-        target, target_dir, draft_dir = demo_pair(Path(tmp))
+        target, target_dir, draft_dir = demo_pair(Path(tmp), static_rows=False)
         print("\n1. demo target, 1 logits row per call:")
         cases = {
             "1 row, every call": lambda: [target_call(target, 1) for _ in calls],
@@ -109,7 +112,7 @@ def main() -> None:
         }
         show(rounds(cases, args.rounds, rng), "1 row, every call")
 
-        padded, unpadded = (BlockDrafter.from_folder(draft_dir) for _ in range(2))
+        padded, unpadded = (BlockDrafter.from_folder(draft_dir, static_rows=False) for _ in range(2))
         unpadded.model.padding = None
         print(f"\n2. demo draft, a 5-row block per call (padding {DRAFT_PADDING}):")
         cases = {
@@ -119,7 +122,9 @@ def main() -> None:
         }
         show(rounds(cases, args.rounds, rng), "3 context rows, every call")
 
-        options = RuntimeOptions(target=ModelOptions(EXACT_TARGET.kv_cache_precision, "f32", 256))
+        target_options = ModelOptions(EXACT_TARGET.kv_cache_precision, "f32", 256, static_rows=False)
+        draft_options = ModelOptions(FAST_DRAFT.kv_cache_precision, None, FAST_DRAFT.cache_mb, static_rows=False)
+        options = RuntimeOptions(target=target_options, draft=draft_options)
         pipelines = {
             "padded": Pipeline(target_dir, draft_dir, options),
             "unpadded": Pipeline(target_dir, draft_dir, options),
