@@ -1,0 +1,496 @@
+"""The planted bugs of tools/mutation_check.py, as data: each a text substitution in one file and the tests that
+should catch it. Add a mutant here for every bug class a change could bring back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """Replace `old` (which must occur exactly once) by `new` in `path`, then run `tests`."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+PARITY = ("tests/test_config_parity.py", "tests/test_paged_parity.py")
+DRAFT_PARITY = ("tests/test_config_parity.py", "tests/test_paged_parity.py", "tests/test_dflash2_parity.py")
+SPECULATIVE = (
+    "tests/test_drafter_proposals.py",
+    "tests/test_speculative.py",
+    "tests/test_speculative_families.py",
+    "tests/test_dspark_speculative.py",
+)
+BF16 = ("tests/test_paged_parity.py", "tests/test_reference.py", "tests/test_dflash2_parity.py")
+QUANTIZED = ("tests/test_compression.py",)
+PLANNER = ("tests/test_speculation.py",)
+SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
+CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
+
+MUTANTS = (
+    # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
+    Mutant(
+        "graph-rope-yarn-cos-only",
+        "ovbuild/graph/rope.py",
+        "ops.multiply(cos, const(rope.attention_scaling)), ops.multiply(sin, const(rope.attention_scaling))",
+        "ops.multiply(cos, const(rope.attention_scaling)), sin",
+        PARITY,
+    ),
+    Mutant(
+        "graph-norm-eps-outside-sqrt",
+        "ovbuild/graph/norm.py",
+        "ops.divide(x, ops.sqrt(ops.add(mean_sq, const(eps))))",
+        "ops.divide(x, ops.add(ops.sqrt(mean_sq), const(eps)))",
+        PARITY,
+    ),
+    Mutant(
+        "rope-linear-multiplies",
+        "ovbuild/weights/rope.py",
+        "return base / self.factor",
+        "return base * self.factor",
+        PARITY,
+    ),
+    Mutant(
+        "metrics-per-position-reversed",
+        "ovbuild/runtime/metrics.py",
+        "self.accepted_per_position[i] += 1",
+        "self.accepted_per_position[proposed - 1 - i] += 1",
+        ("tests/test_metrics.py", *SPECULATIVE),
+    ),
+    Mutant(
+        "rope-inv-freq-exponent",
+        "ovbuild/weights/rope.py",
+        "np.arange(0, head_dim, 2, dtype=np.float64) / head_dim",
+        "np.arange(0, head_dim // 2, dtype=np.float64) / head_dim",
+        PARITY,
+    ),
+    Mutant(
+        "reader-bf16-square-transposed",
+        "ovbuild/weights/safetensors_file.py",
+        "        return WeightTensor(name, info.dtype, array)\n",
+        "        if info.dtype == 'bf16' and array.ndim == 2 and array.shape[0] == array.shape[1]:\n"
+        "            array = array.T\n"
+        "        return WeightTensor(name, info.dtype, array)\n",
+        BF16,
+    ),
+    Mutant(
+        "dtypes-bf16-widening-transposes-square",
+        "ovbuild/weights/dtypes.py",
+        "        return bf16_to_f32(array)\n",
+        "        return bf16_to_f32(array).T if array.ndim == 2 and array.shape[0] == array.shape[1] "
+        "else bf16_to_f32(array)\n",
+        QUANTIZED,
+    ),
+    Mutant(
+        "scheduler-rejected-taps-committed",
+        "ovbuild/runtime/scheduler.py",
+        "request.add_taps(taps[: accepted + 1])",
+        "request.add_taps(taps)",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "drafter-candidate-rows-off-by-one",
+        "ovbuild/runtime/drafters/block.py",
+        "first = len(ids) - block + offset",
+        "first = len(ids) - block",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "kv-begins-from-reserved",
+        "ovbuild/runtime/kv_cache.py",
+        '"block_indices_begins": [0, *accumulate(counts)]',
+        '"block_indices_begins": [0, *accumulate(len(self.allocator.tables[r.seq_id]) for r in rows)]',
+        PARITY,
+    ),
+    # -- the shared RoPE code (graph builders only since the reference computes its own) ------------------------------
+    Mutant(
+        "rope-yarn-ramp-reversed",
+        "ovbuild/weights/rope.py",
+        "extrapolation_weight = 1 - ramp",
+        "extrapolation_weight = ramp",
+        PARITY,
+    ),
+    Mutant(
+        "rope-yarn-mscale-swapped",
+        "ovbuild/weights/rope.py",
+        "get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim)",
+        "get_mscale(self.factor, self.mscale_all_dim) / get_mscale(self.factor, self.mscale)",
+        PARITY,
+    ),
+    Mutant(
+        "rope-yarn-truncate-ignored",
+        "ovbuild/weights/rope.py",
+        "        if self.truncate:\n",
+        "        if True:\n",
+        PARITY,
+    ),
+    Mutant(
+        "rope-llama3-blend-swapped",
+        "ovbuild/weights/rope.py",
+        "smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled",
+        "smoothed = smooth * scaled / self.factor + (1 - smooth) * scaled",
+        PARITY,
+    ),
+    # -- graph builders ------------------------------------------------------------------------------------------------
+    Mutant(
+        "graph-rotate-half-sign",
+        "ovbuild/graph/rope.py",
+        "rotated = ops.concat([ops.negative(second), first], -1)",
+        "rotated = ops.concat([second, ops.negative(first)], -1)",
+        PARITY,
+    ),
+    Mutant(
+        "graph-attention-scale",
+        "ovbuild/graph/paged_attention.py",
+        "const(1.0 / np.sqrt(head_dim)),  # 9 scale",
+        "const(1.0 / head_dim),  # 9 scale",
+        PARITY,
+    ),
+    Mutant(
+        "graph-silu-on-up",
+        "ovbuild/graph/decoder.py",
+        "hidden = named(ops.multiply(ops.swish(gate), up),",
+        "hidden = named(ops.multiply(ops.swish(gate), ops.swish(up)),",
+        PARITY,
+    ),
+    Mutant(
+        "graph-last-tap-before-norm",
+        "ovbuild/graph/decoder.py",
+        '    states[-1] = norm(ctx, x, "norm")',
+        '    states.append(norm(ctx, x, "norm"))',
+        PARITY,
+    ),
+    Mutant(
+        "graph-softcap-without-division",
+        "ovbuild/graph/dflash.py",
+        "ops.multiply(ops.tanh(ops.divide(logits, const(cap))), const(cap))",
+        "ops.multiply(ops.tanh(logits), const(cap))",
+        DRAFT_PARITY,
+    ),
+    Mutant(
+        "graph-block-slot-off-by-one",
+        "ovbuild/graph/dflash.py",
+        "ops.cumsum(ops.convert(rows.is_block, ov.Type.i64), i64(0)), i64(1))",
+        "ops.cumsum(ops.convert(rows.is_block, ov.Type.i64), i64(0)), i64(0))",
+        DRAFT_PARITY,
+    ),
+    # -- numpy references ---------------------------------------------------------------------------------------------
+    Mutant(
+        "reference-norm-eps-outside-sqrt",
+        "ovbuild/runtime/reference/layers.py",
+        "np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)",
+        "(np.sqrt(np.mean(x * x, axis=-1, keepdims=True)) + eps)",
+        PARITY,
+    ),
+    Mutant(
+        "reference-gqa-tiled",
+        "ovbuild/runtime/reference/layers.py",
+        "    k = np.repeat(k, group, axis=1)  # [T, H, D]\n    v = np.repeat(v, group, axis=1)\n",
+        "    k = np.tile(k, (1, group, 1))  # [T, H, D]\n    v = np.tile(v, (1, group, 1))\n",
+        PARITY,
+    ),
+    Mutant(
+        "reference-yarn-attention-factor-dropped",
+        "ovbuild/runtime/reference/rope.py",
+        "return ReferenceRope(inv_freq, float(attention_factor))",
+        "return ReferenceRope(inv_freq)",
+        PARITY,
+    ),
+    Mutant(
+        "reference-bf16-byte-order",
+        "ovbuild/runtime/reference/weights.py",
+        "words[:, 2:] = pairs",
+        "words[:, 2:] = pairs[:, ::-1]",
+        BF16,
+    ),
+    # -- cache layout ------------------------------------------------------------------------------------------------
+    Mutant(
+        "kv-indices-from-reserved",
+        "ovbuild/runtime/kv_cache.py",
+        "for b in reserve(r.seq_id, end)[:n]]",
+        "for b in reserve(r.seq_id, end)]",
+        PARITY,
+    ),
+    Mutant(
+        "kv-max-context-without-new-rows",
+        "ovbuild/runtime/kv_cache.py",
+        '"max_context_len": max(ends, default=0)',
+        '"max_context_len": max((r.past_len for r in rows), default=0)',
+        PARITY,
+    ),
+    Mutant(
+        "kv-free-keeps-blocks",
+        "ovbuild/runtime/kv_cache.py",
+        "self._free.extend(reversed(self.tables.pop(seq_id, [])))",
+        "self.tables.pop(seq_id, [])",
+        ("tests/test_kv_cache.py", *SPECULATIVE),
+    ),
+    # -- scheduler and metrics ----------------------------------------------------------------------------------------
+    Mutant(
+        "scheduler-anchor-not-committed",
+        "ovbuild/runtime/scheduler.py",
+        "request.target_len += accepted + 1  #",
+        "request.target_len += accepted  #",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "scheduler-never-accepts-whole-proposal",
+        "ovbuild/runtime/scheduler.py",
+        "while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:",
+        "while accepted < len(proposal) - 1 and proposal[accepted] == greedy[accepted]:",
+        SPECULATIVE,
+    ),
+    Mutant(
+        "metrics-histogram-shifted",
+        "ovbuild/runtime/metrics.py",
+        "self.accepted_histogram[accepted] += 1",
+        "self.accepted_histogram[accepted - 1] += 1",
+        ("tests/test_metrics.py", *SPECULATIVE),
+    ),
+    Mutant(
+        "metrics-run-drops-generated",
+        "ovbuild/runtime/metrics.py",
+        "        r.num_generated_tokens += m.num_generated_tokens\n",
+        "",
+        ("tests/test_metrics.py", *SPECULATIVE),
+    ),
+    # -- adaptive draft length and sampling ---------------------------------------------------------------------------
+    Mutant(
+        "speculation-survival-summed",
+        "ovbuild/runtime/speculation.py",
+        "chance *= (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)",
+        "chance += (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-plan-one-proposal-too-many",
+        "ovbuild/runtime/speculation.py",
+        "for _, request, _ in order[:best]:",
+        "for _, request, _ in order[: best + 1]:",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-draft-call-free",
+        "ovbuild/runtime/speculation.py",
+        "(draft[m] + self.draft_host_s if m or anyway else 0.0)",
+        "0.0",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-cost-not-monotone",
+        "ovbuild/runtime/speculation.py",
+        "self._fit = self.rows[self.seen], _monotone(self.seconds[self.seen], np.maximum(calls, 1))",
+        "self._fit = self.rows[self.seen], self.seconds[self.seen]",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-cost-latest-call-only",
+        "ovbuild/runtime/speculation.py",
+        "sorted(recent, key=lambda call: call[1])[len(recent) // 2]",
+        "recent[-1]",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-no-exploration",
+        "ovbuild/runtime/speculation.py",
+        "np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0).tolist()",
+        "run.tolist()",
+        PLANNER,
+    ),
+    Mutant(
+        "scheduler-skipped-steps-not-idle",
+        "ovbuild/runtime/scheduler.py",
+        "request.acceptance.idle_steps += skipped",
+        "pass",
+        PLANNER,
+    ),
+    Mutant(
+        "scheduler-idle-steps-never-fade",
+        "ovbuild/runtime/scheduler.py",
+        "request.acceptance.settle(IDLE_DECAY)",
+        "request.acceptance.idle_steps = 0",
+        PLANNER,
+    ),
+    Mutant(
+        "drafter-full-block-always",
+        "ovbuild/runtime/drafters/block.py",
+        "block = min(self.block_size, item.num_tokens + self.candidate_offset) if item.anchor is not None else 0",
+        "block = self.block_size if item.anchor is not None else 0",
+        ("tests/test_drafter_proposals.py", *SPECULATIVE),
+    ),
+    Mutant(
+        "sampling-race-multiplies",
+        "ovbuild/runtime/sampling.py",
+        "score = np.divide(p, keys,",
+        "score = np.multiply(p, keys,",
+        SAMPLING,
+    ),
+    Mutant(
+        "sampling-exact-verification-ignored",
+        "ovbuild/runtime/verify.py",
+        'if q is None or not proposal or params.verification == "exact":',
+        "if q is None or not proposal:",
+        SAMPLING,
+    ),
+    Mutant(
+        "sampling-accepts-when-p-above-q",
+        "ovbuild/runtime/verify.py",
+        "if u[i].accept * q[i][x] >= p[i][x]:",
+        "if q[i][x] >= p[i][x]:",
+        SAMPLING,
+    ),
+    # -- how calls are bound and padded, and how skipped steps are counted ------------------------------------------
+    Mutant(
+        "binder-reused-buffer-not-written",
+        "ovbuild/runtime/binding.py",
+        "held[...] = value  # the bound tensor reads this memory at infer()",
+        "pass",
+        CALLS,
+    ),
+    Mutant(
+        "binder-array-leaves-plain-values-noted",
+        "ovbuild/runtime/binding.py",
+        "            self._written.pop(i, None)\n",
+        "            pass\n",
+        CALLS,
+    ),
+    Mutant(
+        "binder-plain-list-not-copied",
+        "ovbuild/runtime/binding.py",
+        "self._written[i] = list(value) if type(value) is list else value",
+        "self._written[i] = value",
+        CALLS,
+    ),
+    Mutant(
+        "draft-precision-device-default-everywhere",
+        "ovbuild/runtime/devices.py",
+        'return None if "amx_bf16" in cpu_flags() else "f32"',
+        "return None",
+        ("tests/test_runtime_validation.py",),
+    ),
+    Mutant(
+        "padding-blocks-kept",
+        "ovbuild/runtime/paged_model.py",
+        "self.cache.allocator.free(PAD_SEQUENCE)",
+        "pass",
+        CALLS,
+    ),
+    Mutant(
+        "padding-taps-not-cut",
+        "ovbuild/runtime/paged_model.py",
+        "outputs |= {name: outputs[name][:real] for name in ROW_OUTPUTS if name in outputs}",
+        "pass",
+        CALLS,
+    ),
+    Mutant(
+        "scheduler-skips-lost-at-finish",
+        "ovbuild/runtime/scheduler.py",
+        "if request.metrics.first_token_time is not None:  # it decoded: its skipped steps are owed",
+        "if False:",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-no-draft-margin",
+        "ovbuild/runtime/speculation.py",
+        "rates[best] < DRAFT_MARGIN * rates[0]",
+        "False",
+        PLANNER,
+    ),
+    Mutant(
+        "scheduler-batch-change-not-replanned",
+        "ovbuild/runtime/scheduler.py",
+        "self._plan_skips = min(self._plan_skips, REPLAN_AFTER_CHANGE)",
+        "pass",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-run-estimate-never-refreshed",
+        "ovbuild/runtime/speculation.py",
+        "            self._run_estimate = None\n",
+        "",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-realism-ignored",
+        "ovbuild/runtime/speculation.py",
+        "        realism = self.realism\n",
+        "        realism = 1.0\n",
+        PLANNER,
+    ),
+    # -- exact bf16 math (stop 27) -------------------------------------------------------------------------------------
+    Mutant(
+        "scheduler-verification-rows-in-one-subsequence",
+        "ovbuild/runtime/scheduler.py",
+        "one_per_row = request.status is Status.DECODE and self.target.row_subsequences",
+        "one_per_row = False",
+        ("tests/test_speculative.py",),
+    ),
+    Mutant(
+        "paged-taps-left-in-f32",
+        "ovbuild/runtime/paged_model.py",
+        'if TAPS not in names or not device.upper().startswith("CPU"):',
+        "if True:",
+        ("tests/test_paged_parity.py",),
+    ),
+    Mutant(
+        "devices-bf16-target-with-states",
+        "ovbuild/runtime/devices.py",
+        "if on_cpu and not stateful and kv_cache_precision",
+        "if on_cpu and kv_cache_precision",
+        ("tests/test_runtime_validation.py",),
+    ),
+    # -- static row counts (stop 28) ---------------------------------------------------------------------------------
+    Mutant(
+        "demo-compiles-copies-while-timing",
+        "ovbuild/demo.py",
+        "        pipeline.compile_copies()\n",
+        "",
+        ("tests/test_generate_cli.py",),
+    ),
+    Mutant(
+        "static-rows-copy-compile-error-raw",
+        "ovbuild/runtime/static_rows.py",
+        "            except (RuntimeError, MemoryError) as e:\n",
+        "            except ZeroDivisionError as e:\n",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
+        "static-rows-1-row-copies",
+        "ovbuild/runtime/static_rows.py",
+        "BUCKETS = (2, 3, 4,",
+        "BUCKETS = (1, 2, 3, 4,",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
+        "static-rows-long-calls-all-dynamic",
+        "ovbuild/runtime/static_rows.py",
+        "    cut: list[tuple[list[int], bool]] = [(long, False)] if long else []\n",
+        "    if long:\n        return [(list(range(len(rows))), False)]\n    cut: list[tuple[list[int], bool]] = []\n",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
+        "static-rows-merge-ignores-order",
+        "ovbuild/runtime/static_rows.py",
+        "                merged[name][held] = value",
+        "                merged[name][np.sort(held)[::-1]] = value",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
+        "static-rows-copies-miss-compile-properties",
+        "ovbuild/runtime/static_rows.py",
+        "        self.config = {**compiled_properties(compiled, device), **config}",
+        "        self.config = dict(config)",
+        QUANTIZED,
+    ),
+    Mutant(
+        "scheduler-target-cost-keeps-compiling-calls",
+        "ovbuild/runtime/scheduler.py",
+        "if self.speculation is not None and self.target.compile_s == compiled:",
+        "if self.speculation is not None:",
+        ("tests/test_static_rows.py",),
+    ),
+)
