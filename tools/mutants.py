@@ -30,6 +30,7 @@ QUANTIZED = ("tests/test_compression.py",)
 PLANNER = ("tests/test_speculation.py",)
 SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
+UNTAPPED = ("tests/test_untapped.py",)
 
 MUTANTS = (
     # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
@@ -492,5 +493,48 @@ MUTANTS = (
         "if self.speculation is not None and self.target.compile_s == compiled:",
         "if self.speculation is not None:",
         ("tests/test_static_rows.py",),
+    ),
+    # -- calls without taps and the catch-up (issue 14) ----------------------------------------------------------------
+    Mutant(
+        "catch-up-skips-the-partial-block-copy",
+        "ovbuild/runtime/catch_up.py",
+        "            if partial is not None:\n",
+        "            if False:\n",
+        UNTAPPED,
+    ),
+    Mutant(
+        "catch-up-writes-the-requests-own-blocks",
+        "ovbuild/runtime/catch_up.py",
+        "            rows.append(SequenceRows(seq, start, end - start))",
+        "            rows.append(SequenceRows(request.id, start, end - start))",
+        UNTAPPED,
+    ),
+    Mutant(
+        "fork-frees-borrowed-blocks",
+        "ovbuild/runtime/kv_cache.py",
+        "self._free.extend(reversed(table[self.borrowed.pop(seq_id, 0) :]))",
+        "self._free.extend(reversed(table))",
+        UNTAPPED,
+    ),
+    Mutant(
+        "scheduler-takes-taps-after-a-gap",
+        "ovbuild/runtime/scheduler.py",
+        "        if taps is not None and request.gap == 0:\n            request.add_taps(taps[: accepted + 1])",
+        "        if taps is not None:\n            request.add_taps(taps[: accepted + 1])",
+        UNTAPPED,
+    ),
+    Mutant(
+        "scheduler-drafts-without-catching-up",
+        "ovbuild/runtime/scheduler.py",
+        "            chosen = self._caught_up(free, chosen)\n",
+        "",
+        UNTAPPED,
+    ),
+    Mutant(
+        "untapped-sibling-on-its-own-cache",
+        "ovbuild/runtime/paged_model.py",
+        "        if cache_from is None:\n",
+        "        if True:\n",
+        UNTAPPED,
     ),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import NamedTuple
 
+import numpy as np
 import openvino as ov
 
 from ovbuild.errors import CacheExhaustedError
@@ -37,6 +38,7 @@ class BlockAllocator(CacheManager):
         self._free = list(range(num_blocks - 1, -1, -1))
         self.tables: dict[int, list[int]] = {}
         self.pinned = pinned or {}
+        self.borrowed: dict[int, int] = {}  # sequence -> leading blocks of its table that another sequence owns
 
     @property
     def free_blocks(self) -> int:
@@ -67,9 +69,27 @@ class BlockAllocator(CacheManager):
         self.tables[seq_id] = table
         return table
 
+    def fork(self, seq_id: int, source: int, shared: int, length: int) -> tuple[int, int] | None:
+        """A table for `seq_id` holding `length` tokens whose first `shared` tokens are `source`'s: the whole blocks
+        among them are borrowed from `source` (read, never written), every other block is fresh. Returns (source
+        block, fresh block) when `shared` ends inside a block, whose tokens the caller must copy; raises
+        CacheExhaustedError (changing nothing) when too few blocks are free."""
+        whole = shared // self.block_size
+        need = self.blocks_for(length) - whole
+        if need > len(self._free):
+            raise CacheExhaustedError(
+                f"sequence {seq_id} needs {need} more cache blocks for {length} tokens, "
+                f"{self.free_blocks} of {self.num_blocks} are free"
+            )
+        source_table = self.tables[source]
+        self.tables[seq_id] = source_table[:whole] + [self._free.pop() for _ in range(need)]
+        self.borrowed[seq_id] = whole
+        return (source_table[whole], self.tables[seq_id][whole]) if shared % self.block_size else None
+
     def free(self, seq_id: int) -> None:
-        """Return every block of `seq_id` to the pool."""
-        self._free.extend(reversed(self.tables.pop(seq_id, [])))
+        """Return every block of `seq_id` to the pool (but those it borrowed: see `fork`)."""
+        table = self.tables.pop(seq_id, [])
+        self._free.extend(reversed(table[self.borrowed.pop(seq_id, 0) :]))
 
 
 def cache_block_size(compiled: ov.CompiledModel) -> int:
@@ -96,12 +116,14 @@ class PagedKVCache:
         pinned_id, pinned_rows = pinned or (0, 0)
         extra = -(-pinned_rows // block_size)
         self.names: list[str] = []
+        self.tensors: dict[str, ov.Tensor] = {}
         for port in compiled.inputs:
             name = port.get_any_name()
             if not name.startswith(("key_cache.", "value_cache.")):
                 continue
             dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
-            request.set_tensor(name, ov.Tensor(port.get_element_type(), [num_blocks + extra, *dims]))
+            self.tensors[name] = ov.Tensor(port.get_element_type(), [num_blocks + extra, *dims])
+            request.set_tensor(name, self.tensors[name])
             self.names.append(name)
         held = {pinned_id: list(range(num_blocks, num_blocks + extra))} if extra else {}
         self.allocator = BlockAllocator(num_blocks, block_size, held)
@@ -109,6 +131,12 @@ class PagedKVCache:
     @property
     def block_size(self) -> int:
         return self.allocator.block_size
+
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy one block's keys and values in every layer (bytes as stored: any cache precision)."""
+        for tensor in self.tensors.values():
+            data = tensor.data.view(np.uint8)  # [blocks, ..., bytes]: bits as stored, whatever the precision
+            data[target] = data[source]
 
     def layout(self, rows: list[SequenceRows]) -> dict[str, list[int] | int]:
         """PagedAttention inputs for one packed call, as plain lists (the binder writes them into the request's

@@ -85,6 +85,7 @@ class RunMetrics:
     draft_infer_s: float = 0.0
     calibration_s: float = 0.0  # timing calls for the draft-length planner (once per pipeline, in its first step)
     wall_s: float = 0.0
+    catch_up_rows: int = 0  # committed rows the target ran again for the taps it had left out (runtime.catch_up)
 
     def add(self, m: RequestMetrics) -> None:
         """Fold one finished request's counters into the totals."""
@@ -110,6 +111,7 @@ class RunMetrics:
         self.draft_infer_s += other.draft_infer_s
         self.calibration_s += other.calibration_s
         self.wall_s += other.wall_s
+        self.catch_up_rows += other.catch_up_rows
 
     @property
     def host_s(self) -> float:
@@ -138,6 +140,7 @@ class RunMetrics:
             "draft_infer_ms": round(self.draft_infer_s * 1e3, 2),
             "calibration_ms": round(self.calibration_s * 1e3, 2),
             "host_ms": round(self.host_s * 1e3, 2),
+            "catch_up_rows": self.catch_up_rows,
         }
 
 

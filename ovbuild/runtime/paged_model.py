@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import weakref
 from itertools import accumulate
 
 import numpy as np
@@ -80,6 +82,7 @@ class PagedModel:
         state_slots: int | None = None,
         padding: tuple[int, float] | None = None,
         static_rows: bool | None = None,
+        cache_from: PagedModel | None = None,
     ):
         """Compile `model`; its cache gets `num_blocks` blocks, or as many as fit in `cache_mb` megabytes;
         `properties` (plugin properties) override ovbuild's own. A model with linear-attention states
@@ -87,7 +90,9 @@ class PagedModel:
         budget, see DEFAULT_STATE_SLOTS). padding: (min_pad, share) of the RowPadding that runs a call of fewer rows
         than the recent ones padded up to their row count (ovbuild.runtime.padding); None = every call as it is.
         static_rows: whether calls run in copies compiled per row count (ovbuild.runtime.static_rows); None = where
-        they are measured to pay, on CPU for a model without states and with at most MAX_WEIGHT_BYTES of weights."""
+        they are measured to pay, on CPU for a model without states and with at most MAX_WEIGHT_BYTES of weights.
+        cache_from: a model of the same cache layout whose KV cache (tensors and blocks) this one shares."""
+        self._options = (device, kv_cache_precision, inference_precision, properties)  # for the untapped sibling
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
         source = model  # the caller's: compiled copies are shared by the models compiled from it (static_rows)
         # outputs compiled in bf16, which run() widens to f32 (taps_in_math_precision)
@@ -127,7 +132,12 @@ class PagedModel:
             raise UnsupportedError("static row counts run on CPU, for a model without linear-attention states")
         # the copies' padding rows have blocks of their own for good, beyond the budget's
         pinned = (PAD_SEQUENCE, BUCKETS[-1]) if static_rows else None
-        self.cache = PagedKVCache(self.compiled, self.request, num_blocks, pinned)
+        if cache_from is None:
+            self.cache = PagedKVCache(self.compiled, self.request, num_blocks, pinned)
+        else:
+            self.cache = cache_from.cache
+            for name, tensor in self.cache.tensors.items():
+                self.request.set_tensor(name, tensor)
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
         self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
         self.static: StaticCopies | None = None
@@ -137,17 +147,45 @@ class PagedModel:
         # a hybrid target's states are per sequence: its calls run unpadded (a padding sequence would need their
         # inputs); with static copies, only prompt chunks longer than the largest copy run dynamic: unpadded too
         self.padding = RowPadding(*padding) if self.states is None and padding is not None and not static_rows else None
+        # Taps cost a small model's calls about a tenth (the demo target), and a call that nobody takes them from can
+        # run without: in a sibling compiled without the taps output, on the same cache. Its logits and cache rows
+        # are bitwise this model's (taps_in_math_precision; tests/test_untapped.py). Only with static copies: a
+        # bigger model's taps cost next to nothing, and a sibling would hold another copy of its weights.
+        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None
+        self._source, self._untapped, self._sibling_s = source, None, 0.0
 
     def compile_copies(self) -> None:
-        """Compile every static copy now, rather than on the first call of its row count."""
+        """Compile every static copy now (the untapped sibling's too), rather than on the first call of its rows."""
         if self.static is not None:
             for rows in BUCKETS:
                 self.static.copy(rows)
+        if self.can_skip_taps:
+            self.untapped().compile_copies()
 
     @property
     def compile_s(self) -> float:
-        """Seconds the calls so far spent compiling static copies: a one-off, which call costs leave out."""
-        return self.static.compile_s if self.static is not None else 0.0
+        """Seconds the calls so far spent compiling (static copies, the untapped sibling): a one-off, which call
+        costs leave out."""
+        own = self.static.compile_s if self.static is not None else 0.0
+        return own + self._sibling_s + (self._untapped.compile_s if self._untapped is not None else 0.0)
+
+    def untapped(self) -> PagedModel:
+        """This model without its taps output, on the same cache (compiled on first use; see can_skip_taps)."""
+        if self._untapped is None:
+            start = time.perf_counter()
+            device, kv_cache_precision, inference_precision, properties = self._options
+            model = without_taps(self._source)
+            self._untapped = PagedModel(
+                model,
+                device,
+                kv_cache_precision,
+                inference_precision,
+                properties=properties,
+                static_rows=True,
+                cache_from=self,
+            )
+            self._sibling_s = time.perf_counter() - start
+        return self._untapped
 
     @property
     def cache_manager(self) -> CacheManager:
@@ -164,13 +202,20 @@ class PagedModel:
         return dim.get_length() if dim is not None and dim.is_static else None
 
     def run(
-        self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows: list[list[int]] | None = None
+        self,
+        rows: list[SequenceRows],
+        inputs: dict[str, np.ndarray],
+        state_rows: list[list[int]] | None = None,
+        taps: bool = True,
     ) -> dict[str, np.ndarray]:
         """One packed call: rows say which sequences are in it and where they stand; returns every output.
         With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
         (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
         `state_rows` among `inputs`) keeps the states itself, and the pool is left alone. With static copies the
-        call may run as several parts (ovbuild.runtime.static_rows.parts), whose outputs come back merged."""
+        call may run as several parts (ovbuild.runtime.static_rows.parts), whose outputs come back merged.
+        taps=False: the caller does not read the taps, which the call may then leave out (see can_skip_taps)."""
+        if not taps and self.can_skip_taps:
+            return self.untapped().run(rows, inputs, state_rows)
         if self.static is None:
             real = sum(r.num_rows for r in rows)
             pad = self.padding.rows(real) - real if self.padding is not None else 0
@@ -254,6 +299,19 @@ def taps_in_math_precision(model: ov.Model, device: str, inference_precision: st
     post = ov.preprocess.PrePostProcessor(model.clone())
     post.output(TAPS).tensor().set_element_type(ov.Type.bf16)
     return post.build(), (TAPS,)
+
+
+# A model's untapped form, kept while the model object lives: the PagedModels compiled from one model share it, and
+# with it their static copies (ovbuild.runtime.static_rows keys them by model).
+_UNTAPPED: weakref.WeakKeyDictionary[ov.Model, ov.Model] = weakref.WeakKeyDictionary()
+
+
+def without_taps(model: ov.Model) -> ov.Model:
+    """The model without its taps output (TAPS): the same nodes and names, less what only the taps needed."""
+    if model not in _UNTAPPED:
+        results = [r for r in model.get_results() if r.output(0).get_any_name() != TAPS]
+        _UNTAPPED[model] = ov.Model(results, model.get_sinks(), model.get_parameters(), model.get_friendly_name())
+    return _UNTAPPED[model]
 
 
 def bf16_to_f32(values: np.ndarray) -> np.ndarray:

@@ -65,6 +65,9 @@ class Request:
     target_len: int = 0  # tokens committed to the target cache (the anchor is not among them)
     pending_taps: list[np.ndarray] = field(default_factory=list)  # target taps the draft has not seen yet
     pending_rows: int = 0  # rows in pending_taps
+    # tokens, from the first, whose taps the draft has been given or has pending; fewer than target_len after calls
+    # that ran without taps (a gap, which ovbuild.runtime.catch_up closes before the request drafts again)
+    taps_len: int = 0
     proposal: list[int] = field(default_factory=list)  # draft tokens to verify in the next target call
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     acceptance: AcceptanceStats | None = None  # per-position acceptance, for the draft-length plan
@@ -75,6 +78,17 @@ class Request:
         """Keep target taps for the draft; `taps` must not be overwritten later (not a view of an output tensor)."""
         self.pending_taps.append(taps)
         self.pending_rows += len(taps)
+        self.taps_len += len(taps)
+
+    @property
+    def gap(self) -> int:
+        """Committed tokens after taps_len: their taps were never taken, and the draft cannot go on until they are."""
+        return self.target_len - self.taps_len
+
+    def committed(self, start: int, end: int) -> list[int]:
+        """The tokens at positions start..end-1 of the target cache (the prompt, then the generated tokens)."""
+        prompt = self.prompt[start:end].tolist()
+        return prompt + self.generated[max(start - len(self.prompt), 0) : max(end - len(self.prompt), 0)]
 
     def take_taps(self) -> np.ndarray | None:
         """All pending taps as one [rows, width] array (None if there are none), now handed to the draft."""

@@ -13,6 +13,9 @@ Each step:
      ovbuild.runtime.speculation from measured call costs and each request's acceptance; 0 = no draft for it);
   5. one draft call, when any request drafts, packs per request the target taps it has not seen and a block of the
      chosen length; with no request drafting there is no draft call and the taps wait for the next one.
+While the planner has backed off all the way (drafting has not paid for a while) and no request pins a draft length,
+target calls run without taps where the target can leave them out (PagedModel.can_skip_taps); a request that is to
+draft again first gets the taps it missed (ovbuild.runtime.catch_up).
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import numpy as np
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
+from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.kv_cache import sequence_rows
 from ovbuild.runtime.metrics import RunMetrics
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
 from ovbuild.runtime.validation import check_prompt, token_ids
@@ -192,11 +196,13 @@ class Scheduler:
             ids += tokens
             positions += range(request.target_len, request.target_len + len(tokens))
             wanted += [begin + w for w in want]
+        taps = self._taps_wanted(batch)
         compiled, start = self.target.compile_s, time.perf_counter()
         out = self.target.run(
             rows,
             {"input_ids": ids, "position_ids": positions, "logits_indices": wanted},  # lists: see InputBinder
             state_rows,
+            taps,
         )
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
@@ -207,7 +213,7 @@ class Scheduler:
             self.speculation.target_cost.observe(len(ids), seconds)
         greedy = out["greedy_ids"].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
         logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
-        hidden = out.get("hidden_states") if self.drafter is not None else None
+        hidden = out.get(TAPS) if taps else None
         if hidden is not None:
             hidden = hidden.copy()  # one copy per call: the requests keep slices of it for the draft
         done, row, logit_row = [], 0, 0
@@ -223,6 +229,18 @@ class Scheduler:
             row += len(tokens)
             logit_row += len(want)
         return done
+
+    def _taps_wanted(self, batch: list[tuple[Request, list[int], list[int]]]) -> bool:
+        """Whether the target call computes taps: with a draft, unless the target can leave them out and either the
+        planner has backed off all the way with no draft length pinned, or no request of the call could take them."""
+        if self.drafter is None:
+            return False
+        if not self.target.can_skip_taps:
+            return True
+        idle = self.speculation.backoff >= MAX_PLAN_BACKOFF
+        if idle and not any(r.config.num_assistant_tokens for r in self.running):
+            return False
+        return any(request.gap == 0 for request, _, _ in batch)
 
     def _target_batch(self) -> list[tuple[Request, list[int], list[int]]]:
         """(request, rows to run, rows whose logits are wanted): verification rows first, then prompt chunks."""
@@ -242,11 +260,11 @@ class Scheduler:
         return batch
 
     def _prefilled(self, request: Request, chunk: list[int], taps, greedy: list[int], logits: np.ndarray) -> None:
+        if taps is not None and request.gap == 0:  # after a gap, taps wait for the catch-up (they must be in order)
+            request.add_taps(taps)
         request.target_len += len(chunk)
         if self.states is not None:
             self.states.keep(request.id, len(chunk) - 1)
-        if taps is not None:
-            request.add_taps(taps)
         if request.target_len == len(request.prompt):
             request.status = Status.DECODE
             request.skipped_at = self._skipped  # skip steps before this one are not its own
@@ -274,7 +292,7 @@ class Scheduler:
         request.metrics.record_verification(len(proposal), accepted)
         if self.speculation is not None:
             self.speculation.record(request.acceptance, len(proposal), accepted)
-        if taps is not None:
+        if taps is not None and request.gap == 0:
             request.add_taps(taps[: accepted + 1])
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         if self.states is not None:
@@ -387,8 +405,14 @@ class Scheduler:
             for request, _ in free:
                 request.acceptance.settle(IDLE_DECAY)  # the steps skipped since the last plan fade it too
             chosen = self.speculation.plan(
-                [(r.acceptance, longest) for r, longest in free], fixed_target, fixed_draft, context, flush
+                [(r.acceptance, longest) for r, longest in free],
+                fixed_target,
+                fixed_draft,
+                context,
+                flush,
+                [r.gap for r, _ in free],
             )
+            chosen = self._caught_up(free, chosen)
             for (request, longest), k in zip(free, chosen, strict=True):
                 lengths[request.id] = k
                 if k == 0 and longest > 0:
@@ -400,6 +424,28 @@ class Scheduler:
         for request in decoding:
             request.metrics.record_draft_length(lengths[request.id])
         return lengths
+
+    def _caught_up(self, free: list[tuple[Request, int]], chosen: list[int]) -> list[int]:
+        """The chosen draft lengths once the requests that are to draft after a gap have their taps: a catch-up call
+        of at most max_num_batched_tokens rows; a request it could not fit drafts 0 (it is planned again)."""
+        behind = [r for (r, _), k in zip(free, chosen, strict=True) if k and r.gap]
+        if not behind:
+            return chosen
+        gaps = {r.id: r.gap for r in behind}
+        compiled, start = self.target.compile_s, time.perf_counter()
+        caught = catch_up(self.target, behind, self.max_num_batched_tokens)
+        seconds = time.perf_counter() - start
+        rows = sum(gaps[r.id] for r in caught)
+        self.metrics.target_infer_s += seconds
+        self.metrics.catch_up_rows += rows
+        self._call_s += seconds
+        if caught and self.target.compile_s == compiled:  # else a one-off (see _target_step)
+            self.speculation.target_cost.observe(rows, seconds)
+        left = {r.id for r in behind} - {r.id for r in caught}
+        for request, _ in free:
+            if request.id in left:
+                request.acceptance.expected = 0.0
+        return [0 if r.id in left else k for (r, _), k in zip(free, chosen, strict=True)]
 
     def _batch_changed(self) -> None:
         """A request started or stopped decoding: plan again soon, however far the planner had backed off."""

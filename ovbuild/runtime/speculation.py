@@ -56,6 +56,11 @@ FLUSH_ROWS = 256  # pending context rows of one request that force a draft call 
 # after a model call cost ~0.27 ms here in numpy (cold caches: 5x its warm cost) and still ~0.1 ms in plain Python:
 # at every 8th step plans were 3% of a 1-request step on the demo pair.
 MAX_PLAN_BACKOFF = 32
+# A catch-up (the taps of rows that ran without them, ovbuild.runtime.catch_up) is paid once and serves every step the
+# request then drafts: once drafting pays, the planner plans every step and backs off over 1 + 2 + ... +
+# MAX_PLAN_BACKOFF steps before taps are left out again. A plan charges this share of it: planning one step ahead, a
+# plan that charged all of it would never draft again after a long gap.
+CATCH_UP_STEPS = 32
 # A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
 # within this many steps however far the planner had backed off.
 REPLAN_AFTER_CHANGE = 4
@@ -265,13 +270,16 @@ class Speculation:
         fixed_draft_rows: int,
         context_rows: int,
         force_draft: bool,
+        gaps: list[int] | None = None,
     ) -> list[int]:
         """Draft length of each free request, maximising expected tokens per second of the next step.
 
         free: (acceptance statistics, longest allowed k) of the requests whose k is ours to choose;
         fixed_target_rows: rows the next target call runs whatever we choose (pinned requests, prompt chunks, one
         anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
-        rows of every request (any draft call carries them); force_draft: a draft call happens anyway.
+        rows of every request (any draft call carries them); force_draft: a draft call happens anyway; gaps: each free
+        request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
+        catch_up) and its draft call carries: a one-off, charged at CATCH_UP_STEPS-th of its cost.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
@@ -284,13 +292,20 @@ class Speculation:
             for request, ((_, longest), chances) in enumerate(zip(free, survival, strict=True))
             for j, chance in enumerate(chances[:longest])
         )
-        tokens, blocks = [float(len(free))], [0]  # of the plans taking the first m proposals, m = 0..M
+        gaps = gaps or [0] * len(free)
+        tokens, blocks, caught = [float(len(free))], [0], [0]  # of the plans taking the first m proposals, m = 0..M
         realism = self.realism
-        for negative_chance, _, j in order:
+        for negative_chance, request, j in order:
             tokens.append(tokens[-1] - realism * negative_chance)
-            blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
+            # a block of k + offset rows; a request's first proposal brings its gap's rows too
+            first = self.candidate_offset + gaps[request] if j == 0 else 0
+            blocks.append(blocks[-1] + 1 + first)
+            caught.append(caught[-1] + (gaps[request] if j == 0 else 0))
         target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
         draft = self.draft_cost(np.array(blocks) + fixed_draft_rows + context_rows).tolist()
+        if caught[-1]:
+            catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
+            draft = [d + c for d, c in zip(draft, catch, strict=True)]
         anyway = force_draft or fixed_draft_rows > 0
         rates = [
             tokens[m] / max(target[m] + self.host_s + (draft[m] + self.draft_host_s if m or anyway else 0.0), 1e-9)
