@@ -79,9 +79,12 @@ class ToyHybridTarget:
         self.cache_manager = BlocksAndSlots(self.cache.allocator, self.states)
         self.row_subsequences = False  # as PagedModel: a sequence with states steps its rows in one subsequence
         self.compile_s = 0.0  # as PagedModel: no static copies
+        self.can_skip_taps = False  # as PagedModel with states: every call has its taps
         self.calls = 0
 
-    def run(self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows=None) -> dict[str, np.ndarray]:
+    def run(
+        self, rows: list[SequenceRows], inputs: dict[str, np.ndarray], state_rows=None, taps: bool = True
+    ) -> dict[str, np.ndarray]:
         self.calls += 1
         for r in rows:
             self.cache.allocator.reserve(r.seq_id, r.past_len + r.num_rows)
