@@ -10,6 +10,7 @@ import pytest
 from ovbuild.errors import CacheExhaustedError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
+from ovbuild.runtime import paged_model
 from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import BlockAllocator, sequence_rows
@@ -19,6 +20,7 @@ from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
+from ovbuild.runtime.static_rows import weight_bytes
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost
 from ovbuild.testing.steered import SteeredDrafter
@@ -179,3 +181,12 @@ def test_drafting_resumes_after_untapped_steps_with_its_whole_context_and_stays_
             ref.new_cache(), np.array([*prompt, *tokens])[: len(given)], draft[0].target_layer_ids
         )
         assert nmse(given, expected) < 1e-6, f"request {request.id}: the draft's context is not its taps in order"
+
+
+def test_a_model_too_big_for_copies_and_a_sibling_keeps_its_taps(models, monkeypatch):
+    """The sibling's copies cost as much memory as the model's: a model gets one only while both fit the budget of
+    the largest model with copies alone."""
+    monkeypatch.setattr(paged_model, "MAX_WEIGHT_BYTES", 2 * weight_bytes(models[0]) - 1)
+    model = PagedModel(models[0], kv_cache_precision="f32", num_blocks=16)
+    assert model.static is not None and not model.can_skip_taps
+    assert TAPS in call(model, 0, 0, [1, 2, 3], False, False), "a call asked without taps ran in a sibling"

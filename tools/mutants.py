@@ -537,4 +537,11 @@ MUTANTS = (
         "        if True:\n",
         UNTAPPED,
     ),
+    Mutant(
+        "untapped-sibling-for-any-size",
+        "ovbuild/runtime/paged_model.py",
+        "        small = weights <= MAX_WEIGHT_BYTES // 2\n",
+        "        small = True\n",
+        UNTAPPED,
+    ),
 )

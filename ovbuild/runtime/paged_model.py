@@ -126,8 +126,9 @@ class PagedModel:
         # subsequences (bench/bench_kv_cache.py). Untested on other devices; a hybrid target's states are per
         # sequence and step row by row in one subsequence.
         self.row_subsequences = device.upper().startswith("CPU") and self.states is None
+        weights = weight_bytes(model)
         if static_rows is None:
-            static_rows = self.row_subsequences and weight_bytes(model) <= MAX_WEIGHT_BYTES
+            static_rows = self.row_subsequences and weights <= MAX_WEIGHT_BYTES
         elif static_rows and not self.row_subsequences:
             raise UnsupportedError("static row counts run on CPU, for a model without linear-attention states")
         # the copies' padding rows have blocks of their own for good, beyond the budget's
@@ -147,11 +148,14 @@ class PagedModel:
         # a hybrid target's states are per sequence: its calls run unpadded (a padding sequence would need their
         # inputs); with static copies, only prompt chunks longer than the largest copy run dynamic: unpadded too
         self.padding = RowPadding(*padding) if self.states is None and padding is not None and not static_rows else None
-        # Taps cost a small model's calls about a tenth (the demo target), and a call that nobody takes them from can
-        # run without: in a sibling compiled without the taps output, on the same cache. Its logits and cache rows
-        # are bitwise this model's (taps_in_math_precision; tests/test_untapped.py). Only with static copies: a
-        # bigger model's taps cost next to nothing, and a sibling would hold another copy of its weights.
-        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None
+        # Taps cost a small model's calls a few percent (on the demo target their outputs keep the plugin from fusing
+        # each residual add with the next norm: 1.02x-1.11x per call, bench/bench_untapped.py), and a call that nobody
+        # takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
+        # logits and cache rows are bitwise this model's (tests/test_untapped.py). Its copies cost as much memory as
+        # this model's (about 0.5 GB on the demo target), so only a model whose copies and the sibling's together
+        # take no more than the largest model with copies alone gets one; a bigger model's taps cost less anyway.
+        small = weights <= MAX_WEIGHT_BYTES // 2
+        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None and small
         self._source, self._untapped, self._sibling_s = source, None, 0.0
 
     def compile_copies(self) -> None:
@@ -307,10 +311,14 @@ _UNTAPPED: weakref.WeakKeyDictionary[ov.Model, ov.Model] = weakref.WeakKeyDictio
 
 
 def without_taps(model: ov.Model) -> ov.Model:
-    """The model without its taps output (TAPS): the same nodes and names, less what only the taps needed."""
+    """A copy of the model without its taps output (TAPS): the same nodes, names and rt_info; what only the taps
+    needed is left unreachable, and compiling drops it."""
     if model not in _UNTAPPED:
-        results = [r for r in model.get_results() if r.output(0).get_any_name() != TAPS]
-        _UNTAPPED[model] = ov.Model(results, model.get_sinks(), model.get_parameters(), model.get_friendly_name())
+        copy = model.clone()
+        for result in copy.get_results():
+            if result.output(0).get_any_name() == TAPS:
+                copy.remove_result(result)
+        _UNTAPPED[model] = copy
     return _UNTAPPED[model]
 
 
