@@ -279,7 +279,7 @@ class Speculation:
         anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
         rows of every request (any draft call carries them); force_draft: a draft call happens anyway; gaps: each free
         request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
-        catch_up) and its draft call carries: a one-off, charged at CATCH_UP_STEPS-th of its cost.
+        catch_up) and its draft call carries; the catch-up call, a one-off, is charged at 1 / CATCH_UP_STEPS.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
