@@ -136,42 +136,56 @@ class Recording(SteeredDrafter):
         return super().propose(items)
 
 
-def test_drafting_resumes_after_untapped_steps_with_its_whole_context_and_stays_lossless(models, target, draft):
-    rng = np.random.default_rng(3)
-    prompts = [rng.integers(0, VOCAB, int(n)).tolist() for n in (9, 30, 17)]
-    config = GenerationConfig(max_new_tokens=70)
-    arrivals = [0, 0, 20]  # the third arrives while no call has taps: its prompt too is caught up
+def serve(scheduler: Scheduler, prompts, configs, arrivals, truths=None, resume_at: int | None = None) -> list:
+    """Each prompt added at its arrival step; a Scripted planner starts planning for real at `resume_at`. Returns
+    each request's tokens (`truths`: the target alone's, which steer a SteeredDrafter)."""
+    requests, step = [], 0
+    while step == 0 or scheduler.has_unfinished():
+        for prompt, config, at in zip(prompts, configs, arrivals, strict=True):
+            if at == step:
+                requests.append(scheduler.add_request(prompt, config))
+                if truths is not None:
+                    scheduler.drafter.truths[requests[-1].id] = [*prompt, *truths[len(requests) - 1]]
+        if resume_at is not None and step == resume_at:
+            scheduler.speculation.quiet = False
+        scheduler.step()
+        step += 1
+    return [r.generated for r in requests]
 
-    def run(scheduler: Scheduler, truths=None, resume_at: int | None = None) -> list[list[int]]:
-        requests, step = [], 0
-        while step == 0 or scheduler.has_unfinished():
-            for prompt, at in zip(prompts, arrivals, strict=True):
-                if at == step:
-                    requests.append(scheduler.add_request(prompt, config))
-                    if truths is not None:
-                        scheduler.drafter.truths[requests[-1].id] = [*prompt, *truths[len(requests) - 1]]
-            if resume_at is not None and step == resume_at:
-                scheduler.speculation.quiet = False
-            scheduler.step()
-            step += 1
-        return [r.generated for r in requests]
 
-    alone = run(Scheduler(PagedModel(models[0], kv_cache_precision="f32", num_blocks=64)))
+def idle_pipeline(models, max_num_batched_tokens: int = 2048) -> tuple[Scheduler, Recording, list]:
+    """A scheduler whose planner has backed off all the way, with a recording steered draft and a log of the calls
+    that ran in the untapped sibling."""
     target_model = PagedModel(models[0], kv_cache_precision="f32", num_blocks=64)
     drafter = Recording(BlockDrafter(models[1], kv_cache_precision="f32", num_blocks=64), VOCAB, seed=4)
-    speculation = Scripted(2, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5), host_s=1e-4, learn_host=False)
-    speculation.max_candidates, speculation.candidate_offset = drafter.max_candidates, drafter.candidate_offset
-    speculation.__post_init__()
+    speculation = Scripted(
+        drafter.max_candidates,
+        drafter.candidate_offset,
+        fixed_cost(1e-3, 1e-5),
+        fixed_cost(1e-4, 1e-5),
+        host_s=1e-4,
+        learn_host=False,
+    )
     speculation.backoff = MAX_PLAN_BACKOFF  # drafting has not paid for a while: calls leave the taps out
     untapped_calls = []
     sibling = target_model.untapped()
     sibling_run = sibling.run
     sibling.run = lambda *a, **k: untapped_calls.append(1) or sibling_run(*a, **k)
+    scheduler = Scheduler(target_model, drafter, max_num_batched_tokens, speculation=speculation)
+    return scheduler, drafter, untapped_calls
+
+
+def test_drafting_resumes_after_untapped_steps_with_its_whole_context_and_stays_lossless(models, target, draft):
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, VOCAB, int(n)).tolist() for n in (9, 30, 17)]
+    configs = [GenerationConfig(max_new_tokens=70)] * 3
+    arrivals = [0, 0, 20]  # the third arrives while no call has taps: its prompt too is caught up
+    alone = serve(Scheduler(PagedModel(models[0], kv_cache_precision="f32", num_blocks=64)), prompts, configs, arrivals)
     # a catch-up call holds at most 48 rows: at the resume it fits one request, the others draft a step or two later
     # (meanwhile their calls have taps, which they must not take before the rows they missed)
-    scheduler = Scheduler(target_model, drafter, max_num_batched_tokens=48, speculation=speculation)
+    scheduler, drafter, untapped_calls = idle_pipeline(models, max_num_batched_tokens=48)
 
-    assert run(scheduler, alone, resume_at=30) == alone
+    assert serve(scheduler, prompts, configs, arrivals, alone, resume_at=30) == alone
     assert untapped_calls, "no call left the taps out"
     assert scheduler.metrics.catch_up_rows > 0 and scheduler.metrics.requests.num_accepted_tokens > 0
     ref = Qwen3Reference(*target)
@@ -181,6 +195,19 @@ def test_drafting_resumes_after_untapped_steps_with_its_whole_context_and_stays_
             ref.new_cache(), np.array([*prompt, *tokens])[: len(given)], draft[0].target_layer_ids
         )
         assert nmse(given, expected) < 1e-6, f"request {request.id}: the draft's context is not its taps in order"
+
+
+def test_a_pinned_draft_length_keeps_the_taps_on(models):
+    """A request that pins k drafts every step: leaving its taps out would cost a catch-up every step."""
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, VOCAB, n).tolist() for n in (12, 20)]
+    configs = [GenerationConfig(max_new_tokens=30, num_assistant_tokens=k) for k in (3, 5)]
+    alone = serve(Scheduler(PagedModel(models[0], kv_cache_precision="f32", num_blocks=64)), prompts, configs, [0, 0])
+    scheduler, _, untapped_calls = idle_pipeline(models)
+
+    assert serve(scheduler, prompts, configs, [0, 0], alone) == alone
+    assert scheduler.metrics.requests.num_accepted_tokens > 0
+    assert scheduler.metrics.catch_up_rows == 0 and not untapped_calls, "calls left out the taps a pinned k needs"
 
 
 def test_a_model_too_big_for_copies_and_a_sibling_keeps_its_taps(models, monkeypatch):

@@ -526,7 +526,7 @@ MUTANTS = (
     Mutant(
         "scheduler-drafts-without-catching-up",
         "ovbuild/runtime/scheduler.py",
-        "            chosen = self._caught_up(free, chosen)\n",
+        "        self._catch_up([r for r in decoding if lengths[r.id] and r.gap], lengths)\n",
         "",
         UNTAPPED,
     ),
@@ -542,6 +542,13 @@ MUTANTS = (
         "ovbuild/runtime/paged_model.py",
         "        small = weights <= MAX_WEIGHT_BYTES // 2\n",
         "        small = True\n",
+        UNTAPPED,
+    ),
+    Mutant(
+        "scheduler-leaves-taps-out-for-a-pinned-draft-length",
+        "ovbuild/runtime/scheduler.py",
+        "        if idle and not any(r.config.num_assistant_tokens for r in self.running):",
+        "        if idle:",
         UNTAPPED,
     ),
 )

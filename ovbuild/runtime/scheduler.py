@@ -412,7 +412,6 @@ class Scheduler:
                 flush,
                 [r.gap for r, _ in free],
             )
-            chosen = self._caught_up(free, chosen)
             for (request, longest), k in zip(free, chosen, strict=True):
                 lengths[request.id] = k
                 if k == 0 and longest > 0:
@@ -421,16 +420,16 @@ class Scheduler:
             spec = self.speculation
             spec.backoff = 0 if any(chosen) else min(2 * spec.backoff or 1, MAX_PLAN_BACKOFF)
             self._plan_skips = spec.backoff
+        self._catch_up([r for r in decoding if lengths[r.id] and r.gap], lengths)
         for request in decoding:
             request.metrics.record_draft_length(lengths[request.id])
         return lengths
 
-    def _caught_up(self, free: list[tuple[Request, int]], chosen: list[int]) -> list[int]:
-        """The chosen draft lengths once the requests that are to draft after a gap have their taps: a catch-up call
-        of at most max_num_batched_tokens rows; a request it could not fit drafts 0 (it is planned again)."""
-        behind = [r for (r, _), k in zip(free, chosen, strict=True) if k and r.gap]
+    def _catch_up(self, behind: list[Request], lengths: dict[int, int]) -> None:
+        """Give the requests that are to draft after a gap the taps they missed (ovbuild.runtime.catch_up), in one
+        call of at most max_num_batched_tokens rows; a request it could not fit drafts 0 this step."""
         if not behind:
-            return chosen
+            return
         gaps = {r.id: r.gap for r in behind}
         compiled, start = self.target.compile_s, time.perf_counter()
         caught = catch_up(self.target, behind, self.max_num_batched_tokens)
@@ -441,11 +440,10 @@ class Scheduler:
         self._call_s += seconds
         if caught and self.target.compile_s == compiled:  # else a one-off (see _target_step)
             self.speculation.target_cost.observe(rows, seconds)
-        left = {r.id for r in behind} - {r.id for r in caught}
-        for request, _ in free:
-            if request.id in left:
-                request.acceptance.expected = 0.0
-        return [0 if r.id in left else k for (r, _), k in zip(free, chosen, strict=True)]
+        for request in set(behind) - set(caught):
+            lengths[request.id] = 0
+            request.acceptance.expected = 0.0  # the plan's expectation: nothing is verified this step
+            request.acceptance.idle_steps += 1
 
     def _batch_changed(self) -> None:
         """A request started or stopped decoding: plan again soon, however far the planner had backed off."""
