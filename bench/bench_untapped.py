@@ -138,6 +138,12 @@ def main() -> None:
                     f"  {name:<26} {tokens:7.0f} tokens/s   speed / alone's {statistics.median(ratios):.2f}x "
                     f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
                 )
+            pairs = zip(seconds["draft, every call tapped"], seconds["draft, taps left out"], strict=True)
+            ratios = [tapped / left for tapped, left in pairs]
+            print(
+                f"  taps left out / every call tapped: {statistics.median(ratios):.2f}x "
+                f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
+            )
 
 
 if __name__ == "__main__":

@@ -57,9 +57,9 @@ FLUSH_ROWS = 256  # pending context rows of one request that force a draft call 
 # at every 8th step plans were 3% of a 1-request step on the demo pair.
 MAX_PLAN_BACKOFF = 32
 # A catch-up (the taps of rows that ran without them, ovbuild.runtime.catch_up) is paid once and serves every step the
-# request then drafts: once drafting pays, the planner plans every step and backs off over 1 + 2 + ... +
-# MAX_PLAN_BACKOFF steps before taps are left out again. A plan charges this share of it: planning one step ahead, a
-# plan that charged all of it would never draft again after a long gap.
+# request then drafts, and more: taps are left out again only after six plans in a row drafted for nobody, backing off
+# to MAX_PLAN_BACKOFF (37 steps). A plan charges this share of it: planning one step ahead, a plan that charged all of
+# it would never draft again after a long gap.
 CATCH_UP_STEPS = 32
 # A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
 # within this many steps however far the planner had backed off.
