@@ -149,7 +149,7 @@ class PagedModel:
         # inputs); with static copies, only prompt chunks longer than the largest copy run dynamic: unpadded too
         self.padding = RowPadding(*padding) if self.states is None and padding is not None and not static_rows else None
         # Taps cost a small model's calls a few percent (on the demo target their outputs keep the plugin from fusing
-        # each residual add with the next norm: 1.02x-1.11x per call, bench/bench_untapped.py), and a call that nobody
+        # each residual add with the next norm: 1.01x-1.06x per call, bench/bench_untapped.py), and a call that nobody
         # takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
         # logits and cache rows are bitwise this model's (tests/test_untapped.py). Its copies cost as much memory as
         # this model's (about 0.5 GB on the demo target), so only a model whose copies and the sibling's together
