@@ -226,8 +226,8 @@ MUTANTS = (
     Mutant(
         "kv-free-keeps-blocks",
         "ovbuild/runtime/kv_cache.py",
-        "self._free.extend(reversed(self.tables.pop(seq_id, [])))",
-        "self.tables.pop(seq_id, [])",
+        "self._free.extend(reversed(table[self.borrowed.pop(seq_id, 0) :]))",
+        "self.borrowed.pop(seq_id, 0)",
         ("tests/test_kv_cache.py", *SPECULATIVE),
     ),
     # -- scheduler and metrics ----------------------------------------------------------------------------------------
@@ -526,7 +526,7 @@ MUTANTS = (
     Mutant(
         "scheduler-drafts-without-catching-up",
         "ovbuild/runtime/scheduler.py",
-        "        self._catch_up([r for r in decoding if lengths[r.id] and r.gap], lengths)\n",
+        "        self._catch_up([r for r in decoding if lengths[r.id] and r.gap > 0], lengths)\n",
         "",
         UNTAPPED,
     ),

@@ -420,7 +420,7 @@ class Scheduler:
             spec = self.speculation
             spec.backoff = 0 if any(chosen) else min(2 * spec.backoff or 1, MAX_PLAN_BACKOFF)
             self._plan_skips = spec.backoff
-        self._catch_up([r for r in decoding if lengths[r.id] and r.gap], lengths)
+        self._catch_up([r for r in decoding if lengths[r.id] and r.gap > 0], lengths)
         for request in decoding:
             request.metrics.record_draft_length(lengths[request.id])
         return lengths
