@@ -37,9 +37,10 @@ def models(target, draft):
 
 
 def call(model: PagedModel, seq: int, past: int, tokens: list[int], taps: bool, one_per_row: bool):
+    """One call of `tokens` after `past` cached tokens of `seq` (one_per_row: as verification rows run)."""
     rows = sequence_rows(seq, past, len(tokens), one_per_row)
-    inputs = {"input_ids": tokens, "position_ids": list(range(past, past + len(tokens))), "logits_indices": [0]}
-    return model.run(rows, inputs | {"logits_indices": list(range(len(tokens)))}, taps=taps)
+    positions, every_row = list(range(past, past + len(tokens))), list(range(len(tokens)))
+    return model.run(rows, {"input_ids": tokens, "position_ids": positions, "logits_indices": every_row}, taps=taps)
 
 
 def cached_rows(model: PagedModel, seq: int, length: int) -> dict[str, np.ndarray]:
