@@ -17,6 +17,7 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import (
+    CATCH_UP_STEPS,
     DRAFT_MARGIN,
     MAX_PLAN_BACKOFF,
     REPLAN_AFTER_CHANGE,
@@ -319,3 +320,30 @@ def test_plans_expect_as_many_tokens_as_verifications_have_accepted():
     met, missed = planner(lambda k: k), planner(lambda k: 0)
     assert met.realism > 1.0 and met.plan([(stats([0.9] * 7), 7)], 1, 0, 0, False) == [7]
     assert missed.realism < 0.2 and missed.plan([(stats([0.9] * 7), 7)], 1, 0, 0, False) == [0]
+
+
+def test_a_gap_is_charged_to_the_request_that_drafts_after_it():
+    """A request with committed rows that ran without taps drafts only after a catch-up: its plan carries the gap's
+    rows into the draft call and 1 / CATCH_UP_STEPS of the catch-up call. One request's plan is then exactly the best
+    k of that objective written out, and over growing gaps it drafts, then stops."""
+    spec = Speculation(7, 1, fixed_cost(1e-3, 2e-5), fixed_cost(1e-4, 2e-6))
+    free = [(stats([0.7] * 7), 7)]
+
+    def rate(k: int, gap: int) -> float:
+        tokens = 1 + sum(spec.survival([free[0][0]])[0][:k])
+        seconds = spec.target_cost(1 + k) + spec.host_s
+        if k:
+            seconds += spec.draft_cost(k + 1 + gap) + spec.draft_host_s + spec.target_cost(gap) / CATCH_UP_STEPS
+        return float(tokens / seconds)
+
+    chosen = []
+    for gap in (0, 50, 200, 400, 800, 1600, 3200, 6400):
+        best = max(range(8), key=lambda k: rate(k, gap))
+        expected = best if rate(best, gap) >= DRAFT_MARGIN * rate(0, gap) else 0
+        (k,) = spec.plan(free, 1, 0, 0, False, [gap])
+        assert k == expected, f"gap {gap}: the plan drafts {k}, the best is {expected}"
+        chosen.append(k)
+    assert chosen[0] > 0 and chosen[-1] == 0, f"over growing gaps the plans drafted {chosen}"
+    # two requests alike but for a gap: the one without drafts, the one behind waits
+    both = spec.plan([free[0], free[0]], 2, 0, 0, False, [0, 6400])
+    assert both[0] > 0 and both[1] == 0, both

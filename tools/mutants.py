@@ -551,4 +551,18 @@ MUTANTS = (
         "        if idle:",
         UNTAPPED,
     ),
+    Mutant(
+        "planner-ignores-gaps",
+        "ovbuild/runtime/speculation.py",
+        "        gaps = gaps or [0] * len(free)\n",
+        "        gaps = [0] * len(free)\n",
+        PLANNER,
+    ),
+    Mutant(
+        "planner-charges-a-catch-up-in-full",
+        "ovbuild/runtime/speculation.py",
+        "self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS)",
+        "self.target_cost(np.array(caught)), 0.0) / 1)",
+        PLANNER,
+    ),
 )
