@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ovbuild.families import load_draft
+from ovbuild.graph.dflash import build_dflash_draft
+from ovbuild.graph.target import build_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
@@ -45,3 +47,10 @@ def target(tiny_target):
 def draft(tiny_draft):
     """(DraftConfig, WeightSource) of the f32 tiny DFlash draft."""
     return load_draft(Checkpoint.open(tiny_draft))
+
+
+@pytest.fixture(scope="module")
+def models(target, draft):
+    """The f32 tiny target IR with the draft's taps and the draft IR, built once per test module."""
+    (tcfg, tweights), (dcfg, dweights) = target, draft
+    return build_target(tcfg, tweights, dcfg.target_layer_ids), build_dflash_draft(dcfg, dweights, tweights)

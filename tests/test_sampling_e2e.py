@@ -10,8 +10,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.target import build_target
 from ovbuild.runtime.drafters import BlockDrafter, Proposal
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
@@ -21,12 +19,6 @@ from sampling_helpers import two_sample_chi_square
 
 F32 = dict(kv_cache_precision="f32")
 PROMPT = [5, 17, 33, 2, 90, 41]
-
-
-@pytest.fixture(scope="module")
-def models(target, draft):
-    (tcfg, tweights), (dcfg, dweights) = target, draft
-    return build_target(tcfg, tweights, dcfg.target_layer_ids), build_dflash_draft(dcfg, dweights, tweights)
 
 
 class PointMassDrafter(BlockDrafter):

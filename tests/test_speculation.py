@@ -10,8 +10,6 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.target import build_target
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
@@ -108,12 +106,6 @@ def test_call_cost_interpolates_extrapolates_and_resists_spikes():
         cost.observe(4, 2.5)
     cost.observe(16, 0.5)
     assert cost(1) < cost(4) <= cost(16)
-
-
-@pytest.fixture(scope="module")
-def models(target, draft):
-    (tcfg, tweights), (dcfg, dweights) = target, draft
-    return build_target(tcfg, tweights, dcfg.target_layer_ids), build_dflash_draft(dcfg, dweights, tweights)
 
 
 @pytest.mark.parametrize("right", [True, False])

@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
-from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.target import build_target
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
@@ -19,14 +17,6 @@ from ovbuild.testing.steered import SteeredDrafter
 
 F32 = dict(kv_cache_precision="f32")
 VOCAB = TINY_TARGET["vocab_size"]
-
-
-@pytest.fixture(scope="module")
-def models(target, draft):
-    """Target IR with the draft's taps and the draft IR, built once."""
-    tcfg, tweights = target
-    dcfg, dweights = draft
-    return build_target(tcfg, tweights, dcfg.target_layer_ids), build_dflash_draft(dcfg, dweights, tweights)
 
 
 def make_scheduler(

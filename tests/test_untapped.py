@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import CacheExhaustedError
-from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.target import build_target
 from ovbuild.runtime import paged_model
 from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.drafters import BlockDrafter
@@ -26,14 +24,6 @@ from ovbuild.testing.planner import fixed_cost
 from ovbuild.testing.steered import SteeredDrafter
 
 VOCAB = TINY_TARGET["vocab_size"]
-
-
-@pytest.fixture(scope="module")
-def models(target, draft):
-    """Target IR with the draft's taps and the draft IR, built once."""
-    tcfg, tweights = target
-    dcfg, dweights = draft
-    return build_target(tcfg, tweights, dcfg.target_layer_ids), build_dflash_draft(dcfg, dweights, tweights)
 
 
 def call(model: PagedModel, seq: int, past: int, tokens: list[int], taps: bool, one_per_row: bool):
