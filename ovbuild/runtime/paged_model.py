@@ -16,6 +16,7 @@ from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 from ovbuild.runtime.machine import cpu_runtime_precision
+from ovbuild.runtime.narrow_weights import narrow_weights
 from ovbuild.runtime.padding import PAD_SEQUENCE, ROW_OUTPUTS, RowPadding, pad_inputs, padding_rows
 from ovbuild.runtime.state_pool import StatePool, state_specs
 from ovbuild.runtime.static_rows import (
@@ -97,6 +98,7 @@ class PagedModel:
         source = model  # the caller's: compiled copies are shared by the models compiled from it (static_rows)
         # outputs compiled in bf16, which run() widens to f32 (taps_in_math_precision)
         model, self.widened = taps_in_math_precision(model, device, config.get("INFERENCE_PRECISION_HINT"))
+        model = narrow_weights(model, device, config.get("INFERENCE_PRECISION_HINT"))
         try:
             self.compiled = core().compile_model(model, device, config)
         except RuntimeError as e:
