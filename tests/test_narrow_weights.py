@@ -13,7 +13,7 @@ import pytest
 from ovbuild.graph.target import build_target
 from ovbuild.runtime import paged_model
 from ovbuild.runtime.kv_cache import sequence_rows
-from ovbuild.runtime.narrow_weights import narrow_type
+from ovbuild.runtime.narrow_weights import DECOMPRESSION, narrow_type, narrow_weights, weight_converts
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.testing import TINY_TARGET, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
@@ -86,3 +86,16 @@ def test_narrow_weights_compute_the_widened_weights_logits_and_taps_bitwise(narr
         for name in ("logits", TAPS):
             np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name} of the call at {past}")
         past += size
+
+
+def test_the_callers_model_is_left_unmarked(narrow_target):
+    """Callers compile one model many ways (f32 and bf16 math, static copies): only the returned copy is marked."""
+    dtype, model = narrow_target
+
+    def marked(m: ov.Model) -> int:
+        return sum(DECOMPRESSION in node.get_rt_info() for node in m.get_ops())
+
+    narrow = narrow_weights(model, "CPU", "bf16")
+    expected = len(weight_converts(model, STORED[dtype])) if narrow_type("CPU", "bf16") == STORED[dtype] else 0
+    assert marked(narrow) == expected, f"{marked(narrow)} of the {dtype} weights' Converts marked, not {expected}"
+    assert marked(model) == 0, "the caller's model was marked"

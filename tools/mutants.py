@@ -31,6 +31,7 @@ PLANNER = ("tests/test_speculation.py",)
 SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
 UNTAPPED = ("tests/test_untapped.py",)
+NARROW = ("tests/test_narrow_weights.py",)
 
 MUTANTS = (
     # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
@@ -564,5 +565,34 @@ MUTANTS = (
         "self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS)",
         "self.target_cost(np.array(caught)), 0.0) / 1)",
         PLANNER,
+    ),
+    # -- narrow weights -------------------------------------------------------------------------------------------
+    Mutant(
+        "narrow-weights-never-marked",
+        "ovbuild/runtime/narrow_weights.py",
+        "    if stored is None or not weight_converts(model, stored):",
+        "    if True:",
+        NARROW,
+    ),
+    Mutant(
+        "narrow-weights-under-f32-math",
+        "ovbuild/runtime/narrow_weights.py",
+        "    return MATH_TYPES.get(cpu_runtime_precision(capabilities, inference_precision))",
+        "    return ov.Type.bf16",
+        NARROW,
+    ),
+    Mutant(
+        "narrow-weights-of-any-float",
+        "ovbuild/runtime/narrow_weights.py",
+        "        and node.get_input_element_type(0) == stored",
+        "        and node.get_input_element_type(0) in MATH_TYPES.values()",
+        NARROW,
+    ),
+    Mutant(
+        "narrow-weights-on-the-callers-model",
+        "ovbuild/runtime/narrow_weights.py",
+        "    copy = model.clone()\n",
+        "    copy = model\n",
+        NARROW,
     ),
 )
