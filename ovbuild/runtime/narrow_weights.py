@@ -4,11 +4,12 @@ A bf16 or f16 checkpoint matrix is stored so in the IR and widened to f32 by a C
 (ovbuild.graph.weights.stored_constant). The CPU plugin folds an unmarked Convert: it keeps an f32 copy of every such
 matrix beside the repacked one it computes with, 4x the stored bytes in all. A Convert marked as weight decompression
 (OpenVINO's own mark, which its converters set on compressed float weights) is not folded: the plugin repacks the
-stored matrix itself. With bf16 math that halved the demo target's memory and made its calls 1.0x-1.1x as fast, at
-Qwen3-4B's width it took 3.7 GB where unmarked took 6.7 GB (bench/bench_narrow_weights.py), and the logits are bitwise
-the same (tests/test_narrow_weights.py). With f32 math the plugin would widen the marked weights in every call
-instead, and a call of 8 to 32 rows ran at 0.6x-0.8x at Qwen3-4B's width; and f16 weights under bf16 math were
-computed otherwise (logits rounded to bf16): only weights stored in the math precision are marked.
+stored matrix itself. With bf16 math that halved the demo target's memory (its copies and sibling: 533 MB against
+1057 MB), four layers of Qwen3-4B's width peaked at 3.7 GB against 6.7 GB, calls ran as fast (0.98x-1.03x;
+bench/bench_narrow_weights.py), and the logits are bitwise the same (tests/test_narrow_weights.py). With f32 math
+the plugin would widen the marked weights in every call instead, and a call of 8 to 32 rows ran at 0.6x-0.8x at
+Qwen3-4B's width; and f16 weights under bf16 math were computed otherwise (logits rounded to bf16): only weights
+stored in the math precision are marked.
 
 The mark is set when compiling, not in the IR: the IR format keeps only the C++ attribute, which Python cannot set.
 """

@@ -154,8 +154,8 @@ class PagedModel:
         # each residual add with the next norm: 1.01x-1.06x per call, bench/bench_untapped.py), and a call that nobody
         # takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
         # logits and cache rows are bitwise this model's (tests/test_untapped.py). Its copies cost as much memory as
-        # this model's (about 0.5 GB on the demo target), so only a model whose copies and the sibling's together
-        # take no more than the largest model with copies alone gets one; a bigger model's taps cost less anyway.
+        # this model's (a quarter of a gigabyte on the demo target), so only a model whose copies and the sibling's
+        # together take no more than the largest model with copies alone gets one; a bigger model's taps cost less.
         small = weights <= MAX_WEIGHT_BYTES // 2
         self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None and small
         self._source, self._untapped, self._sibling_s = source, None, 0.0

@@ -31,9 +31,10 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import ROW_INPUTS, ROW_OUTPUTS
 
 BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pads at most a third of its rows
-# Each copy holds its own weights (the plugin repacks them per compiled model): a copy takes two to four times its
-# IR's weight bytes of memory. Copies still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths),
-# but models with more weights than this run dynamic only: 11 copies of them would cost more than a gigabyte.
+# Each copy holds its own weights (the plugin repacks them per compiled model): a copy takes about twice its IR's
+# weight bytes of memory where they stay narrow (ovbuild.runtime.narrow_weights), four times widened to f32. Copies
+# still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths), but models with more weights than
+# this run dynamic only: 11 copies of them would cost more than a gigabyte.
 MAX_WEIGHT_BYTES = 32 << 20
 PER_ROW = (*ROW_INPUTS, "position_ids")  # inputs with one entry per row: the copies fix their first dimension
 INDEX_INPUTS = ("logits_indices", "candidate_indices")  # inputs naming rows; every output but ROW_OUTPUTS follows them
