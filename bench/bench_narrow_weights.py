@@ -1,11 +1,12 @@
 """What keeping bf16 weights narrow saves (ovbuild.runtime.narrow_weights): a target compiled with its weights' Converts
-marked as decompression, against the same target with them widened to f32 first (the plugin's fold, as before).
+marked as decompression, against the same target with them widened to f32 first (the plugin's fold, as before). Under
+f32 math the narrow way is the one a machine too small for the widened weights gets.
 
 1. Memory: each way in a fresh process (the model compiled, its static copies if it has them, a call of each size
    made), the resident anonymous memory and the peak.
 2. Per call: both ways in one process, verification-shaped calls (1-row subsequences) of 1, 4, 8 and 32 rows after
    64 cached tokens, alternating call by call in a new order each time; median per round, ratios within rounds.
-   Before timing, every call's logits of the two are checked to be bitwise equal.
+   Before timing, each size's logits of the two are compared (bitwise, or their NMSE).
 
 Shapes: `demo` is the shipped demo target with the draft's taps (static copies); `qwen3-4b` is Qwen3-4B's width and
 vocabulary with `--layers` layers of random bf16 weights (dynamic: too big for copies), kept in `--workdir`.
@@ -32,7 +33,7 @@ import numpy as np
 from ovbuild.demo import shipped_pair
 from ovbuild.families import load_draft
 from ovbuild.graph.targets import build_paged_target
-from ovbuild.runtime import paged_model
+from ovbuild.runtime import narrow_weights, paged_model
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
@@ -64,6 +65,8 @@ def compiled(model, way: str, precision: str) -> PagedModel:
     with ExitStack() as stack:
         if way == "widened":
             stack.enter_context(mock.patch.object(paged_model, "narrow_weights", lambda m, device, hint: m))
+        else:  # under f32 math, as on a machine too small for them widened
+            stack.enter_context(mock.patch.object(narrow_weights, "physical_memory_mb", lambda: 1.0))
         target = PagedModel(model, kv_cache_precision="f16", inference_precision=precision, cache_mb=512)
         target.compile_copies()
     target.run(
@@ -106,9 +109,8 @@ def per_call(args) -> None:
     targets = {way: compiled(model, way, args.inference_precision) for way in WAYS}
     for rows in ROWS:
         a, b = (verify_call(targets[way], rows).copy() for way in WAYS)
-        if not np.array_equal(a, b):
-            raise SystemExit(f"{rows} rows: the narrow weights' logits differ from the widened ones'")
-    print("logits bitwise equal at every size")
+        same = "bitwise equal" if np.array_equal(a, b) else f"NMSE {np.mean((a - b) ** 2) / np.mean(b**2):.1e}"
+        print(f"logits of {rows} rows, narrow against widened: {same}")
     rng = np.random.default_rng(0)
     print("per call, widened / narrow (median over rounds of each round's median call):")
     for rows in ROWS:

@@ -1,6 +1,6 @@
 """Narrow float weights: a bf16 or f16 checkpoint's matrices stay in their stored precision in the CPU plugin where
-it computes in that precision (ovbuild.runtime.narrow_weights), and the logits and taps are bitwise those of the same
-model with its weights widened to f32 first."""
+it computes in that precision, or where widened they would not fit (ovbuild.runtime.narrow_weights), and the logits
+and taps are bitwise those of the same model with its weights widened to f32 first."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import openvino as ov
 import pytest
 
 from ovbuild.graph.target import build_target
+from ovbuild.runtime import narrow_weights as narrowing
 from ovbuild.runtime import paged_model
 from ovbuild.runtime.kv_cache import sequence_rows
-from ovbuild.runtime.narrow_weights import DECOMPRESSION, narrow_type, narrow_weights, weight_converts
+from ovbuild.runtime.narrow_weights import DECOMPRESSION, NARROW_FLOATS, narrow_weights, weight_converts
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.testing import TINY_TARGET, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
@@ -41,22 +42,31 @@ def matrix_types(compiled: ov.CompiledModel) -> set[ov.Type]:
     return {n.input_value(1).get_element_type() for n in nodes}
 
 
-@pytest.mark.parametrize("math", ["f32", "bf16"])
-def test_matrices_stay_in_their_stored_precision_where_the_math_is_the_same(narrow_target, math):
+def kept_narrow(dtype: str, math: str, short_of_memory: bool) -> bool:
+    """Whether weights stored in `dtype` should stay so, written out: under bf16 math (which needs bf16 units, else
+    the plugin computes in f32) bf16 weights; under f32 math any, on a machine too small for them widened."""
+    bf16_math = math == "bf16" and "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return dtype == "bf16" if bf16_math else short_of_memory
+
+
+def short_of_memory(monkeypatch) -> None:
+    """Make this machine look too small for any weights widened to f32."""
+    monkeypatch.setattr(narrowing, "physical_memory_mb", lambda: 1.0)
+
+
+@pytest.mark.parametrize("math, short", [("f32", False), ("bf16", False), ("f32", True)])
+def test_matrices_stay_in_their_stored_precision_where_they_should(narrow_target, math, short, monkeypatch):
     dtype, model = narrow_target
-    target = PagedModel(model, kv_cache_precision="f16", inference_precision=math, num_blocks=8)
+    if short:
+        short_of_memory(monkeypatch)
+    target = PagedModel(model.clone(), kv_cache_precision="f16", inference_precision=math, num_blocks=8)
     assert target.static is not None, "the tiny target runs in static copies"
     copy_request, _ = target.static.copy(4)
-    # Where the CPU has no bf16 units the plugin computes in f32, and an f32 copy of the weights is what it needs.
-    bf16_units = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    assert narrow_type("CPU", math) == (ov.Type.bf16 if math == "bf16" and bf16_units else None)
-    narrow = narrow_type("CPU", math) == STORED[dtype]
+    narrow = kept_narrow(dtype, math, short)
     for compiled in (target.compiled, copy_request.get_compiled_model()):
         kept = matrix_types(compiled)
-        if narrow:
-            assert kept == {STORED[dtype]}, f"{dtype} weights under {math} math kept as {kept}"
-        else:
-            assert kept == {ov.Type.f32}, f"{dtype} weights under {math} math kept as {kept}, not widened once to f32"
+        expected = {STORED[dtype]} if narrow else {ov.Type.f32}
+        assert kept == expected, f"{dtype} weights under {math} math (short of memory: {short}) kept as {kept}"
 
 
 def call(model: PagedModel, past: int, tokens: list[int], one_per_row: bool) -> dict[str, np.ndarray]:
@@ -66,15 +76,17 @@ def call(model: PagedModel, past: int, tokens: list[int], one_per_row: bool) -> 
     return model.run(rows, {**inputs, "logits_indices": list(range(len(tokens)))})
 
 
-@pytest.mark.parametrize("math", ["f32", "bf16"])
-def test_narrow_weights_compute_the_widened_weights_logits_and_taps_bitwise(narrow_target, math, monkeypatch):
+@pytest.mark.parametrize("math, short", [("f32", False), ("bf16", False), ("f32", True)])
+def test_narrow_weights_compute_the_widened_weights_logits_and_taps_bitwise(narrow_target, math, short, monkeypatch):
     dtype, model = narrow_target
-    narrow = PagedModel(model, kv_cache_precision="f16", inference_precision=math, num_blocks=16)
     with monkeypatch.context() as patch:
+        if short:
+            short_of_memory(patch)
+        # clones: static copies are shared between models compiled alike from one caller's model
+        narrow = PagedModel(model.clone(), kv_cache_precision="f16", inference_precision=math, num_blocks=16)
         patch.setattr(paged_model, "narrow_weights", lambda model, device, precision: model)
-        # a clone: static copies are shared between models compiled alike from one caller's model
         widened = PagedModel(model.clone(), kv_cache_precision="f16", inference_precision=math, num_blocks=16)
-    if narrow_type("CPU", math) == STORED[dtype]:
+    if kept_narrow(dtype, math, short):
         assert matrix_types(narrow.compiled) != matrix_types(widened.compiled), "the two models compiled alike"
     rng = np.random.default_rng(3)
     # a prompt longer than the largest copy (the dynamic model), then verification- and chunk-shaped calls (copies)
@@ -96,6 +108,6 @@ def test_the_callers_model_is_left_unmarked(narrow_target):
         return sum(DECOMPRESSION in node.get_rt_info() for node in m.get_ops())
 
     narrow = narrow_weights(model, "CPU", "bf16")
-    expected = len(weight_converts(model, STORED[dtype])) if narrow_type("CPU", "bf16") == STORED[dtype] else 0
+    expected = len(weight_converts(model, NARROW_FLOATS)) if kept_narrow(dtype, "bf16", False) else 0
     assert marked(narrow) == expected, f"{marked(narrow)} of the {dtype} weights' Converts marked, not {expected}"
     assert marked(model) == 0, "the caller's model was marked"

@@ -9,7 +9,7 @@ import pytest
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
-from ovbuild.runtime import static_rows
+from ovbuild.runtime import narrow_weights, static_rows
 from ovbuild.runtime.devices import target_inference_precision
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -22,6 +22,8 @@ from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.static_rows import BUCKETS, bucket, parts
 from ovbuild.testing import F32_NMSE
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.target import load_target
 
 from paged_helpers import run_draft, run_target
 
@@ -107,13 +109,23 @@ def rows_in_calls(model: PagedModel, context: list[int], new: list[int], width: 
     return np.concatenate(logits)
 
 
-@pytest.mark.parametrize("requested", ["f32", None], ids=["f32", "default"])
-def test_rows_compute_bitwise_alike_in_any_call(target, requested):
+@pytest.mark.parametrize(
+    "requested, stored, short_of_memory",
+    [("f32", "f32", False), (None, "f32", False), (None, "bf16", False), ("f32", "bf16", True)],
+    ids=["f32", "default", "default-bf16-weights", "f32-bf16-weights-kept-narrow"],
+)
+def test_rows_compute_bitwise_alike_in_any_call(
+    target, tiny_target_bf16, requested, stored, short_of_memory, monkeypatch
+):
     """What keeps speculation exact: a verification row must compute as the target alone's decode row does, whatever
     else its call holds. With copies it does, bitwise, at 1 to 12 rows per call, beside a prompt chunk that runs in
     the dynamic model or in a copy: at f32 math, and at the math ovbuild picks for this CPU (bf16 where that was
-    measured exact: with AVX-512 bf16 units and no AMX; f32 elsewhere)."""
-    cfg, weights = target
+    measured exact: with AVX-512 bf16 units and no AMX; f32 elsewhere); with bf16 weights too, kept narrow where the
+    math is bf16, and under f32 math on a machine too small for them widened (ovbuild.runtime.narrow_weights)."""
+    if short_of_memory:
+        monkeypatch.setattr(narrow_weights, "physical_memory_mb", lambda: 1.0)
+    checkpoint = Checkpoint.open(tiny_target_bf16) if stored == "bf16" else None
+    cfg, weights = load_target(checkpoint) if checkpoint is not None else target
     math = target_inference_precision("CPU", requested, "f16")
     model = PagedModel(build_target(cfg, weights, TAPS), "CPU", "f16", math, static_rows=True)
     context, new = tokens(40), tokens(12)
