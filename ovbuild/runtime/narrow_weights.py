@@ -1,4 +1,5 @@
-"""Float weights kept in their stored precision by the CPU plugin, where it computes in that same precision.
+"""Float weights kept in their stored precision by the CPU plugin: where it computes in that precision, or where
+widened to f32 they would not fit the machine.
 
 A bf16 or f16 checkpoint matrix is stored so in the IR and widened to f32 by a Convert after its Constant
 (ovbuild.graph.weights.stored_constant). The CPU plugin folds an unmarked Convert: it keeps an f32 copy of every such
@@ -8,8 +9,10 @@ stored matrix itself. With bf16 math that halved the demo target's memory (its c
 1057 MB), four layers of Qwen3-4B's width peaked at 3.7 GB against 6.7 GB, calls ran as fast (0.98x-1.03x;
 bench/bench_narrow_weights.py), and the logits are bitwise the same (tests/test_narrow_weights.py). With f32 math
 the plugin widens the marked weights in every call instead: at Qwen3-4B's width calls of 1 to 4 rows ran 1.2x-1.9x
-as fast, but 5 to 16 rows (verification) 0.6x-0.7x. So under f32 math they stay widened, unless four times their
-stored bytes would take more than half the machine's memory: a target that would not fit then runs, slower to verify.
+as fast, but 5 to 32 rows (verification) 0.6x-0.8x. So under f32 math they stay widened, unless four times their
+stored bytes would take more than half the machine's memory: a target that would not fit then runs, slower to verify
+(a bf16 Qwen3-4B: 7.8 GB added where widened it would take about 30 GB). Its logits then differ from the widened
+weights' (NMSE 6e-9), and its rows still compute bitwise alike in any call (tests/test_static_rows.py).
 f16 weights under bf16 math are not marked: their logits came out rounded otherwise.
 
 The mark is set when compiling, not in the IR: the IR format keeps only the C++ attribute, which Python cannot set.
