@@ -1,6 +1,6 @@
 """Narrow float weights: a bf16 or f16 checkpoint's matrices stay in their stored precision in the CPU plugin where
 it computes in that precision, or where widened they would not fit (ovbuild.runtime.narrow_weights), and the logits
-and taps are bitwise those of the same model with its weights widened to f32 first."""
+and taps are those of the same model with its weights widened to f32 first (bitwise under bf16 math)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from ovbuild.runtime import paged_model
 from ovbuild.runtime.kv_cache import sequence_rows
 from ovbuild.runtime.narrow_weights import DECOMPRESSION, NARROW_FLOATS, narrow_weights, weight_converts
 from ovbuild.runtime.paged_model import TAPS, PagedModel
-from ovbuild.testing import TINY_TARGET, write_tiny_target
+from ovbuild.runtime.reference.layers import nmse
+from ovbuild.testing import F32_NMSE, TINY_TARGET, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
 
@@ -77,7 +78,10 @@ def call(model: PagedModel, past: int, tokens: list[int], one_per_row: bool) -> 
 
 
 @pytest.mark.parametrize("math, short", [("f32", False), ("bf16", False), ("f32", True)])
-def test_narrow_weights_compute_the_widened_weights_logits_and_taps_bitwise(narrow_target, math, short, monkeypatch):
+def test_narrow_weights_compute_the_widened_weights_logits_and_taps(narrow_target, math, short, monkeypatch):
+    """Bitwise where the math is bf16 or the weights are widened anyway. Under f32 math, weights kept narrow go through
+    other kernels, which may round otherwise (at Qwen3-4B's width: NMSE 6e-9, bench_narrow_weights.py): within the f32
+    bound there, as what speculation relies on is that rows compute alike in any call (test_static_rows.py)."""
     dtype, model = narrow_target
     with monkeypatch.context() as patch:
         if short:
@@ -96,7 +100,11 @@ def test_narrow_weights_compute_the_widened_weights_logits_and_taps_bitwise(narr
         tokens = rng.integers(0, VOCAB, size).tolist()
         a, b = call(narrow, past, tokens, one_per_row), call(widened, past, tokens, one_per_row)
         for name in ("logits", TAPS):
-            np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name} of the call at {past}")
+            if math == "f32" and kept_narrow(dtype, math, short):
+                error = nmse(a[name], b[name])
+                assert error < F32_NMSE, f"{name} of the call at {past}: NMSE {error:.1e} against the widened weights"
+            else:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name} of the call at {past}")
         past += size
 
 
