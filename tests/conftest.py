@@ -7,6 +7,7 @@ import pytest
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
+from ovbuild.runtime import machine
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
@@ -54,3 +55,11 @@ def models(target, draft):
     """The f32 tiny target IR with the draft's taps and the draft IR, built once per test module."""
     (tcfg, tweights), (dcfg, dweights) = target, draft
     return build_target(tcfg, tweights, dcfg.target_layer_ids), build_dflash_draft(dcfg, dweights, tweights)
+
+
+@pytest.fixture
+def bf16_units(monkeypatch):
+    """The CPU plugin's capabilities as a CPU with bf16 units reports them, to the rules that read them
+    (ovbuild.runtime.machine.cpu_capabilities): so that those rules are tested on every CPU. Compile nothing under
+    it: the plugin itself still computes on this CPU's terms."""
+    monkeypatch.setattr(machine, "cpu_capabilities", lambda: ["FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"])

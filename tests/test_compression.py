@@ -327,6 +327,22 @@ def test_dynamic_quantization_of_activations_is_bounded_and_off_is_exact(target,
         assert losses[32][0] > 1e-9, f"a CPU with bf16 units did not quantize activations: {losses}"
 
 
+def test_static_copies_compile_with_the_settings_their_model_compiled_with(target):
+    """Copies of a model for a row count are compiled on first use, maybe after the caller has put the plugin's
+    settings back: they must run as their model does (else a row rounds otherwise in a copy than in the dynamic
+    model, and where the CPU quantizes activations the copies would quantize while their model does not)."""
+    policy = WeightPolicy("int8")
+    with dynamic_quantization(0):
+        model = PagedModel(build_target(*target, TAPS, policy), kv_cache_precision="f32")
+    assert model.static is not None, "the tiny target runs in static copies"
+    assert core().get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE") != 0, "the setting was not put back"
+    request, _ = model.static.copy(4)
+    setting = {
+        m.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") for m in (model.compiled, request.get_compiled_model())
+    }
+    assert setting == {0}, f"dynamic quantization group sizes of the model and its copy: {setting}"
+
+
 def test_bf16_checkpoint_quantizes_from_its_bits(tmp_path):
     """int4 codes made from the bf16 bits match the reference's own dequantized weights. head_dim 16 makes
     heads * head_dim equal the hidden size, so o_proj is square: a widening that transposed square bf16 tensors

@@ -119,3 +119,19 @@ def test_the_callers_model_is_left_unmarked(narrow_target):
     expected = len(weight_converts(model, NARROW_FLOATS)) if kept_narrow(dtype, "bf16", False) else 0
     assert marked(narrow) == expected, f"{marked(narrow)} of the {dtype} weights' Converts marked, not {expected}"
     assert marked(model) == 0, "the caller's model was marked"
+
+
+def test_the_rule_on_a_cpu_with_bf16_units(narrow_target, bf16_units):
+    """What the tests above check by compiling where the CPU has bf16 units, checked on every CPU on the model handed
+    to the plugin: under bf16 math exactly the Converts of bf16 weights are marked (f16 weights' logits came out
+    rounded otherwise), in a copy; under f32 math, on a machine with room for them widened, none."""
+    dtype, model = narrow_target
+
+    def marked(m: ov.Model) -> int:
+        return sum(DECOMPRESSION in node.get_rt_info() for node in m.get_ops())
+
+    converts = len(weight_converts(model, NARROW_FLOATS))
+    assert converts > 0, "the tiny target has no narrow weights"
+    assert marked(narrow_weights(model, "CPU", "bf16")) == (converts if dtype == "bf16" else 0)
+    assert marked(model) == 0, "the caller's model was marked"
+    assert narrow_weights(model, "CPU", "f32") is model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import openvino as ov
 import pytest
 
 from ovbuild.families import load_draft
@@ -11,7 +12,7 @@ from ovbuild.graph.ir import read_ir, save_ir
 from ovbuild.graph.target import build_target
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import DRAFT_PADDING
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.paged_model import TAPS, PagedModel, taps_in_math_precision
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
@@ -98,6 +99,19 @@ def test_taps_leave_the_logits_of_the_target_alone(target, math):
     _, hidden = ref.forward(ref.new_cache(), np.array(inputs["input_ids"][:17]), (1, 3, 5))
     assert with_taps["hidden_states"].dtype == np.float32
     assert nmse(with_taps["hidden_states"][:17], hidden) < 1e-3  # bf16 math through the layers: about 1e-4
+
+
+def test_taps_leave_the_graph_in_bf16_where_the_plugin_computes_in_bf16(target, bf16_units):
+    """The rule behind the test above, on a CPU with bf16 units whatever this one has (on one without, the plugin
+    computes in f32 and the tokens cannot show it): under bf16 math on CPU the model compiled has its taps output in
+    bf16, in a copy; under f32 math, or on another device, the model is left as it is."""
+    model = build_target(*target, (1, 3, 5))
+    changed, outputs = taps_in_math_precision(model, "CPU", "bf16")
+    assert outputs == (TAPS,) and changed.output(TAPS).get_element_type() == ov.Type.bf16
+    assert model.output(TAPS).get_element_type() == ov.Type.f32, "the caller's model was changed"
+    assert changed.output("logits").get_element_type() == ov.Type.f32
+    for device, math in (("CPU", "f32"), ("GPU", "bf16")):
+        assert taps_in_math_precision(model, device, math) == (model, ()), f"{device} at {math} math"
 
 
 @pytest.mark.parametrize("calls", list(CALLS))

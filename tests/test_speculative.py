@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -103,6 +105,31 @@ def test_lossless_with_concurrent_requests(models, num_requests, k):
         assert steered.metrics.requests.num_accepted_tokens > 0
     else:
         assert_accepted(steered, k, every_length=num_requests == 8)
+
+
+def test_verification_rows_are_subsequences_of_their_own(models, monkeypatch):
+    """On CPU each verification row runs as a 1-row subsequence, the kernel a decode step of the target alone runs
+    (with bf16 math a k-row subsequence rounds otherwise and speculation diverged). Checked on the calls themselves:
+    at f32 math, with static row counts, the tokens would not show it."""
+    rng = np.random.default_rng(21)
+    config = GenerationConfig(max_new_tokens=20, num_assistant_tokens=5)
+    arrivals = [(i, p, config) for i, p in enumerate(prompts(rng, 3))]
+    alone = run(make_scheduler(models, with_draft=False), arrivals)
+    scheduler = make_scheduler(models, with_draft=True, steer_seed=21)
+    assert scheduler.target.row_subsequences
+    calls, target_run = [], scheduler.target.run
+
+    def recorded(rows, *args, **kwargs):
+        calls.append(list(rows))
+        return target_run(rows, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.target, "run", recorded)
+    assert run(scheduler, arrivals, truths=alone) == alone
+    prompt_len = {r.id: len(r.prompt) for r in scheduler.finished}
+    decoding = [[r for r in rows if r.past_len >= prompt_len.get(r.seq_id, 1 << 30)] for rows in calls]
+    assert all(r.num_rows == 1 for rows in decoding for r in rows), "a verification subsequence of several rows"
+    widest = max(max(Counter(r.seq_id for r in rows).values(), default=0) for rows in decoding)
+    assert widest == 6, f"no call verified a whole proposal of 5 tokens (at most {widest} rows of one request)"
 
 
 def test_random_schedules_are_lossless_and_return_every_block(models):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ir import core
-from ovbuild.runtime.machine import cpu_flags, cpu_runtime_precision
+from ovbuild.runtime.machine import cpu_capabilities, cpu_flags, cpu_runtime_precision
 from ovbuild.runtime.paged_model import KV_PRECISIONS
 
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")  # take real devices after a colon: "AUTO:GPU,CPU"
@@ -25,8 +25,7 @@ def kv_precisions(device: str, inference_precision: str | None) -> tuple[str, ..
     """KV cache precisions that compile on `device` at `inference_precision` (None = the device's default)."""
     if not device.upper().startswith("CPU"):
         return KV_PRECISIONS  # other plugins are left to judge at compile time
-    capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    return cpu_kv_precisions(capabilities, inference_precision)
+    return cpu_kv_precisions(cpu_capabilities(), inference_precision)
 
 
 def cpu_kv_precisions(capabilities: list[str], inference_precision: str | None) -> tuple[str, ...]:

@@ -32,6 +32,19 @@ def has_int8_dot_product() -> bool:
     return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
+def cpu_capabilities() -> list[str]:
+    """The CPU plugin's OPTIMIZATION_CAPABILITIES (FP32, BF16, FP16, INT8, ...): what its kernels can compute in.
+    Every rule that depends on them reads them here, so that a test can put the rule on another CPU's terms."""
+    from ovbuild.graph.ir import core
+
+    return list(core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def cpu_math(inference_precision: str | None) -> str:
+    """What the CPU plugin computes in on this CPU with this INFERENCE_PRECISION_HINT (None: its default)."""
+    return cpu_runtime_precision(cpu_capabilities(), inference_precision)
+
+
 def cpu_runtime_precision(capabilities: list[str], inference_precision: str | None) -> str:
     """What the CPU plugin computes in: the hint when the CPU has units for it, else bf16 when it has bf16 units
     (its default and its stand-in for an f16 hint without f16 units), else f32."""
@@ -47,7 +60,7 @@ def describe() -> str:
     from ovbuild.graph.ir import core
 
     flags = [f for f in FEATURES if f in cpu_flags()]
-    caps = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    caps = cpu_capabilities()
     precision = core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
     name = core().get_property("CPU", "FULL_DEVICE_NAME") or platform.processor()
     have = " ".join(flags) or "none of " + " ".join(FEATURES)

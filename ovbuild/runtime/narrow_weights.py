@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import openvino as ov
 
-from ovbuild.graph.ir import core
-from ovbuild.runtime.machine import cpu_runtime_precision
+from ovbuild.runtime.machine import cpu_math
 from ovbuild.runtime.validation import physical_memory_mb
 
 # The rt_info key of OpenVINO's Decompression attribute (ov::mark_as_decompression): the plugin looks for the key only.
@@ -57,8 +56,7 @@ def narrow_types(device: str, inference_precision: str | None, narrow_bytes: int
     them widened would take more than MEMORY_SHARE of physical memory; else none."""
     if not device.upper().startswith("CPU"):
         return ()
-    capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    math = cpu_runtime_precision(capabilities, inference_precision)
+    math = cpu_math(inference_precision)
     if math in MATH_TYPES:
         return (MATH_TYPES[math],)
     memory = physical_memory_mb()

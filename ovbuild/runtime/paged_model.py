@@ -15,7 +15,7 @@ from ovbuild.graph.ir import core
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
-from ovbuild.runtime.machine import cpu_runtime_precision
+from ovbuild.runtime.machine import cpu_math
 from ovbuild.runtime.narrow_weights import narrow_weights
 from ovbuild.runtime.padding import PAD_SEQUENCE, ROW_OUTPUTS, RowPadding, pad_inputs, padding_rows
 from ovbuild.runtime.state_pool import StatePool, state_specs
@@ -299,8 +299,7 @@ def taps_in_math_precision(model: ov.Model, device: str, inference_precision: st
     names = {o.get_any_name() for o in model.outputs}
     if TAPS not in names or not device.upper().startswith("CPU"):
         return model, ()
-    capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    if cpu_runtime_precision(capabilities, inference_precision) != "bf16":
+    if cpu_math(inference_precision) != "bf16":
         return model, ()
     post = ov.preprocess.PrePostProcessor(model.clone())
     post.output(TAPS).tensor().set_element_type(ov.Type.bf16)
