@@ -129,22 +129,26 @@ def pipelines(target_dir: Path, draft_dir: Path, alone_dir: Path, rounds: int, c
     serve_side_by_side(modes, rounds, concurrency)
 
 
-def serve_side_by_side(modes: dict[tuple[str, str], Pipeline], rounds: int, concurrency: list[int]) -> None:
-    """Serve the demo prompts in every mode ((variant, "alone" or "draft") -> pipeline) at each concurrency, rounds
-    interleaved in shuffled order; every mode's tokens must equal its variant's alone. Prints each mode's speed
-    against the first variant's alone (median of per-round ratios), and how many requests the variants' alone runs
-    agree on."""
+def serve_side_by_side(
+    modes: dict[tuple[str, str], Pipeline], rounds: int, concurrency: list[int], warmups: int = 1
+) -> dict[int, dict[tuple[str, str], list[float]]]:
+    """Serve the demo prompts in every mode ((variant, "alone" or another label) -> pipeline) at each concurrency,
+    rounds interleaved in shuffled order after `warmups` untimed runs of each mode; every mode's tokens must equal its
+    variant's alone. Prints each mode's speed against the first variant's alone (median of per-round ratios), and how
+    many requests the variants' alone runs agree on. Returns each concurrency's seconds per mode, one per round."""
     variants = list(dict.fromkeys(variant for variant, _ in modes))
     base = (variants[0], "alone")
-    width = max(map(len, variants))
+    width, label_width = max(map(len, variants)), max(len(label) for _, label in modes)
     for pipeline in modes.values():  # every row count's copy now (static_rows): no timed run compiles one
         pipeline.compile_copies()
+    measured = {}
     for n in concurrency:
         prompts = [modes[base].encode(p) for p in PROMPTS[: max(n, 4)]]
         batches = [prompts[:n]] if n > 1 else [[p] for p in prompts]
         serve = {mode: (lambda pipe=pipe, b=batches: serve_batches(pipe, b)) for mode, pipe in modes.items()}
-        for run in serve.values():  # warm-up: first-call shapes, the draft's cost calibration
-            run()
+        for _ in range(warmups):  # first-call shapes, the draft's cost calibration, the planner's back-off
+            for run in serve.values():
+                run()
         expected = {variant: serve[(variant, "alone")]() for variant in variants}
         agree = sum(len(set(map(tuple, requests))) == 1 for requests in zip(*expected.values(), strict=True))
         seconds = {mode: [] for mode in modes}
@@ -157,11 +161,14 @@ def serve_side_by_side(modes: dict[tuple[str, str], Pipeline], rounds: int, conc
                     raise SystemExit(f"{mode}: tokens differ from {mode[0]} alone")
         label = "one request at a time" if n == 1 else f"{n} requests at once"
         print(f"\ndemo pair, {label}: {base[0]} alone time / mode time (median of per-round ratios, min-max)")
-        print(f"  ({' and '.join(variants)} alone gave the same tokens in {agree} of {len(prompts)} requests)")
+        if len(variants) > 1:
+            print(f"  ({' and '.join(variants)} alone gave the same tokens in {agree} of {len(prompts)} requests)")
         for mode, times in seconds.items():
             ratios = [b / t for b, t in zip(seconds[base], times, strict=True)]
             spread = f"({min(ratios):.2f}-{max(ratios):.2f})"
-            print(f"  {mode[0]:>{width}} {mode[1]:<5} {statistics.median(ratios):.2f}x {spread}")
+            print(f"  {mode[0]:>{width}} {mode[1]:<{label_width}} {statistics.median(ratios):.2f}x {spread}")
+        measured[n] = seconds
+    return measured
 
 
 def main() -> None:

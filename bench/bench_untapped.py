@@ -25,14 +25,15 @@ from pathlib import Path
 import numpy as np
 from bench_static_rows import resident_mb
 
-from ovbuild.demo import DEMO_PROMPTS, shipped_pair
+from ovbuild.demo import shipped_pair
 from ovbuild.export import export
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
-from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.static_rows import BUCKETS
+
+from bench_target_precision import serve_side_by_side
 
 CONTEXT = 48
 
@@ -69,17 +70,6 @@ def per_call(target: PagedModel, n_rounds: int, n_calls: int, rng: np.random.Gen
         )
 
 
-def serve(pipeline: Pipeline, prompts: list[list[int]], concurrency: int, use_draft: bool) -> list[list[int]]:
-    """Every prompt, `concurrency` at once (one scheduler per batch, as a server's requests come and go)."""
-    config, out = GenerationConfig(max_new_tokens=64, eos_token_ids=()), []
-    for begin in range(0, len(prompts), concurrency):
-        scheduler = pipeline.scheduler(use_draft=use_draft)
-        requests = [scheduler.add_request(p, config) for p in prompts[begin : begin + concurrency]]
-        scheduler.run()
-        out += [r.generated for r in requests]
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
@@ -111,39 +101,21 @@ def main() -> None:
         print(f"memory: the target's copies +{middle - before:.0f} MB, its untapped sibling with its copies ", end="")
         print(f"+{after - middle:.0f} MB\n")
         per_call(skipping.target, args.rounds, args.calls, rng)
-        prompts = [alone.encode(p) for p in DEMO_PROMPTS]
-        for concurrency in args.concurrency:
-            batch = (prompts * (-(-max(concurrency, 4) // len(prompts))))[: max(concurrency, 4)]
-            modes = {
-                "ovbuild alone": lambda b=batch, c=concurrency: serve(alone, b, c, False),
-                "draft, taps left out": lambda b=batch, c=concurrency: serve(skipping, b, c, True),
-                "draft, every call tapped": lambda b=batch, c=concurrency: serve(kept, b, c, True),
-            }
-            reference = modes["ovbuild alone"]()
-            for name, run in modes.items():
-                for _ in range(2):  # warm-up: the planner backs off as far as it goes
-                    if run() != reference:
-                        raise SystemExit(f"{name}: tokens differ from ovbuild alone")
-            seconds = {name: [] for name in modes}
-            for _ in range(args.rounds):
-                for name in rng.permutation(list(modes)):
-                    start = time.perf_counter()
-                    modes[name]()
-                    seconds[name].append(time.perf_counter() - start)
-            print(f"\n{concurrency} request(s) at once, {len(batch)} prompts, 64 tokens each:")
-            for name, values in seconds.items():
-                ratios = [a / v for a, v in zip(seconds["ovbuild alone"], values, strict=True)]
-                tokens = 64 * len(batch) / statistics.median(values)
-                print(
-                    f"  {name:<26} {tokens:7.0f} tokens/s   speed / alone's {statistics.median(ratios):.2f}x "
-                    f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
-                )
-            pairs = zip(seconds["draft, every call tapped"], seconds["draft, taps left out"], strict=True)
-            ratios = [tapped / left for tapped, left in pairs]
-            print(
-                f"  taps left out / every call tapped: {statistics.median(ratios):.2f}x "
-                f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
+        modes = {
+            ("ovbuild", "alone"): alone,
+            ("ovbuild", "draft, taps left out"): skipping,
+            ("ovbuild", "draft, every call tapped"): kept,
+        }
+        # two warm-ups: the planner backs off as far as it goes, as a server's does after its first requests
+        measured = serve_side_by_side(modes, args.rounds, args.concurrency, warmups=2)
+        print("\ntaps left out / every call tapped (median of per-round ratios, min-max):")
+        for n, seconds in measured.items():
+            tapped, left_out = (
+                seconds[("ovbuild", "draft, every call tapped")],
+                seconds[("ovbuild", "draft, taps left out")],
             )
+            ratios = [t / s for t, s in zip(tapped, left_out, strict=True)]
+            print(f"  {n:2d} at once: {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
 
 
 if __name__ == "__main__":
