@@ -108,19 +108,6 @@ def test_narrow_weights_compute_the_widened_weights_logits_and_taps(narrow_targe
         past += size
 
 
-def test_the_callers_model_is_left_unmarked(narrow_target):
-    """Callers compile one model many ways (f32 and bf16 math, static copies): only the returned copy is marked."""
-    dtype, model = narrow_target
-
-    def marked(m: ov.Model) -> int:
-        return sum(DECOMPRESSION in node.get_rt_info() for node in m.get_ops())
-
-    narrow = narrow_weights(model, "CPU", "bf16")
-    expected = len(weight_converts(model, NARROW_FLOATS)) if kept_narrow(dtype, "bf16", False) else 0
-    assert marked(narrow) == expected, f"{marked(narrow)} of the {dtype} weights' Converts marked, not {expected}"
-    assert marked(model) == 0, "the caller's model was marked"
-
-
 def test_the_rule_on_a_cpu_with_bf16_units(narrow_target, bf16_units):
     """What the tests above check by compiling where the CPU has bf16 units, checked on every CPU on the model handed
     to the plugin: under bf16 math exactly the Converts of bf16 weights are marked (f16 weights' logits came out
@@ -130,6 +117,7 @@ def test_the_rule_on_a_cpu_with_bf16_units(narrow_target, bf16_units):
     def marked(m: ov.Model) -> int:
         return sum(DECOMPRESSION in node.get_rt_info() for node in m.get_ops())
 
+    # callers compile one model many ways (f32 and bf16 math, static copies): only the returned copy is marked
     converts = len(weight_converts(model, NARROW_FLOATS))
     assert converts > 0, "the tiny target has no narrow weights"
     assert marked(narrow_weights(model, "CPU", "bf16")) == (converts if dtype == "bf16" else 0)
