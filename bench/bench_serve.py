@@ -1,12 +1,15 @@
 """Serving benchmark: `ovbuild serve` on the shipped demo pair, N concurrent streaming clients, with the draft and
 with the target alone, side by side in one run.
 
-Each side starts the real command in a subprocess on a free loopback port, warms it up, then sends every client's
-request at once (the prompts cycle through the demo's code starts) and reads the streams. It reports aggregate
-tokens/s (completion tokens over the wall time of the whole burst), TTFT p50 / p99 (request sent to first text
-received, queueing included) and, with the draft, the acceptance the server's /metrics counted.
+Each side runs the real command in a subprocess on a free loopback port, both at once (on the demo pair the target
+alone is the target exported without taps, as one serves it without a draft), warmed up. A burst sends every
+client's request at once (the prompts cycle through the demo's code starts) and reads the streams; every round runs
+one burst per side, in a new random order. It reports aggregate tokens/s (completion tokens over the wall time of the
+whole burst), TTFT p50 / p99 (request sent to first text received, queueing included), the acceptance the server's
+/metrics counted, and the speed-up as the median of per-round ratios.
 
-    python bench/bench_serve.py [--clients 16 64] [--max-tokens 64] [--target DIR --draft DIR (exported)]
+    python bench/bench_serve.py [--clients 16 64] [--max-tokens 64] [--rounds 5]
+                                [--target DIR --draft DIR (exported)]
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +30,8 @@ import httpx
 import numpy as np
 
 from ovbuild.demo import DEMO_PROMPTS, export_pair, shipped_pair
+from ovbuild.export import export
+from ovbuild.runtime.machine import describe
 
 PROMPTS = [*DEMO_PROMPTS, "def read(path):\n", "import sys\n\n", "    for i in range(", "    return "]
 
@@ -96,60 +103,81 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
-def measure(target: Path, draft: Path | None, client_counts: list[int], max_tokens: int) -> dict[int, dict]:
-    server = Server(target, draft)
-    try:
+def burst_row(server: Server, clients: int, max_tokens: int) -> dict:
+    """One burst of `clients` streaming requests: tokens/s, TTFTs and the acceptance the server's /metrics counted."""
+    before = counters(server.url)
+    wall, ttfts, tokens = asyncio.run(burst(server.url, clients, max_tokens))
+    after = counters(server.url)
+    drafts, accepted = (
+        after.get(name, 0) - before.get(name, 0)
+        for name in ("ovbuild_spec_decode_num_drafts_total", "ovbuild_spec_decode_num_accepted_tokens_total")
+    )
+    return {"tokens_per_s": tokens / wall, "ttfts": ttfts, "drafts": drafts, "accepted": accepted}
+
+
+def side_by_side(sides: dict[str, Server], client_counts: list[int], max_tokens: int, rounds: int) -> dict:
+    """Every side's burst once per round, in a new random order each round: {clients: {side: [row per round]}}."""
+    rng = random.Random(0)
+    for server in sides.values():
         asyncio.run(burst(server.url, 4, 8))  # warm-up: first-call allocations stay out of the figures
-        rows = {}
-        for clients in client_counts:
-            before = counters(server.url)
-            wall, ttfts, tokens = asyncio.run(burst(server.url, clients, max_tokens))
-            after = counters(server.url)
-            drafts = after.get("ovbuild_spec_decode_num_drafts_total", 0) - before.get(
-                "ovbuild_spec_decode_num_drafts_total", 0
+    runs = {}
+    for clients in client_counts:
+        runs[clients] = {side: [] for side in sides}
+        for _ in range(rounds):
+            for side in rng.sample(list(sides), len(sides)):
+                runs[clients][side].append(burst_row(sides[side], clients, max_tokens))
+    return runs
+
+
+def report(runs: dict, max_tokens: int, rounds: int) -> None:
+    print(
+        f"\novbuild serve, {max_tokens} tokens per request, streaming clients all at once, {rounds} rounds interleaved"
+    )
+    print("(tokens/s and TTFT: medians over rounds; speed-up: median of per-round ratios to the target alone, min-max)")
+    print(f"{'clients':>7} {'side':>12} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'tau':>5}  speed-up")
+    for clients, sides in runs.items():
+        alone = [row["tokens_per_s"] for row in sides["target alone"]]
+        for side, rows in sides.items():
+            speed = [row["tokens_per_s"] for row in rows]
+            p50, p99 = (statistics.median(float(np.percentile(r["ttfts"], q)) * 1e3 for r in rows) for q in (50, 99))
+            drafts = sum(r["drafts"] for r in rows)
+            tau = 1 + sum(r["accepted"] for r in rows) / drafts if drafts else 1.0
+            ratio = ""
+            if side != "target alone":
+                ratios = [s / a for s, a in zip(speed, alone, strict=True)]
+                ratio = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            print(
+                f"{clients:>7} {side:>12} {statistics.median(speed):>9.1f} {p50:>7.0f}ms {p99:>7.0f}ms {tau:>5.2f}  "
+                f"{ratio}"
             )
-            accepted = after.get("ovbuild_spec_decode_num_accepted_tokens_total", 0) - before.get(
-                "ovbuild_spec_decode_num_accepted_tokens_total", 0
-            )
-            rows[clients] = {
-                "tokens_per_s": tokens / wall,
-                "ttft_p50_ms": float(np.percentile(ttfts, 50)) * 1e3,
-                "ttft_p99_ms": float(np.percentile(ttfts, 99)) * 1e3,
-                "tau": 1 + accepted / drafts if drafts else 1.0,
-                "tokens": tokens,
-                "wall_s": wall,
-            }
-        return rows
-    finally:
-        server.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--target", help="exported target folder (default: the shipped demo pair, exported now)")
     parser.add_argument("--draft", help="exported draft folder")
     args = parser.parse_args()
+    print(describe())
     with tempfile.TemporaryDirectory(prefix="bench_serve_") as tmp:
         if args.target:
             target, draft = Path(args.target), Path(args.draft) if args.draft else None
+            alone = target
         else:
-            target, draft = export_pair(*shipped_pair(), Path(tmp))
-        with_draft = measure(target, draft, args.clients, args.max_tokens) if draft else {}
-        alone = measure(target, None, args.clients, args.max_tokens)
-    print(f"\novbuild serve, {args.max_tokens} tokens per request, streaming clients all at once")
-    print(f"{'clients':>7} {'side':>12} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'tau':>5} {'speed-up':>8}")
-    for clients in args.clients:
-        a = alone[clients]
-        for side, row in (("draft", with_draft.get(clients)), ("target alone", a)):
-            if row is None:
-                continue
-            ratio = f"{row['tokens_per_s'] / a['tokens_per_s']:.2f}x" if side == "draft" else ""
-            print(
-                f"{clients:>7} {side:>12} {row['tokens_per_s']:>9.1f} {row['ttft_p50_ms']:>7.0f}ms "
-                f"{row['ttft_p99_ms']:>7.0f}ms {row['tau']:>5.2f} {ratio:>8}"
-            )
+            target_ckpt, draft_ckpt = shipped_pair()
+            target, draft = export_pair(target_ckpt, draft_ckpt, Path(tmp))
+            alone = export(target_ckpt, Path(tmp) / "alone", quiet=True).out  # no taps, as one serves it alone
+        sides = {"target alone": Server(alone, None)}
+        try:
+            if draft:
+                sides["draft"] = Server(target, draft)
+            runs = side_by_side(sides, args.clients, args.max_tokens, args.rounds)
+        finally:
+            for server in sides.values():
+                server.close()
+    report(runs, args.max_tokens, args.rounds)
 
 
 if __name__ == "__main__":
