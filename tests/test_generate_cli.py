@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import openvino as ov
 import pytest
 
 from ovbuild import demo
@@ -55,6 +56,17 @@ def test_generate_with_and_without_draft_gives_the_same_tokens(folders, tmp_path
     assert all(len(step["proposed"]) <= 5 for step in first["trace"])
     err = capsys.readouterr().err
     assert "mean acceptance length" in err and "tokens/s" in err
+
+
+def test_the_runtime_line_says_how_the_plugin_compiled_the_models(folders, tmp_path, capsys):
+    """What the device runs, not what was asked: a bf16 hint on a CPU without bf16 units computes in f32."""
+    bf16_units = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    options = ("--inference-precision", "bf16", "--kv-cache-precision", "u8", "--draft-inference-precision", "f32")
+    results = generate(folders, tmp_path, "--draft", str(folders[1]), *options)
+    target = "CPU, bf16 math" if bf16_units else "CPU, f32 math (bf16 asked)"
+    expected = f"target {target}, u8 KV cache; draft CPU, f32 math, u8 KV cache"
+    assert results["runtime"] == expected
+    assert f"runtime              {expected}" in capsys.readouterr().err
 
 
 def test_single_prompt_streams_its_text(folders, tmp_path, capsys):

@@ -277,9 +277,11 @@ def run(args: argparse.Namespace) -> int:
         scheduler.add_request(ids, config)
     stream_until_done(scheduler, _Printer(len(prompts)), pipeline.decode)
     requests, metrics = sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
+    print(f"runtime              {pipeline.describe()}", file=sys.stderr)
     print(format_metrics(metrics, with_draft=args.draft is not None), file=sys.stderr)
     if args.json_path:
-        text = json.dumps(results_json(prompts, requests, metrics, args.trace), indent=2)
+        results = results_json(prompts, requests, metrics, args.trace) | {"runtime": pipeline.describe()}
+        text = json.dumps(results, indent=2)
         try:
             Path(args.json_path).write_text(text)
         except OSError as e:

@@ -193,6 +193,19 @@ class PagedModel:
             self._sibling_s = time.perf_counter() - start
         return self._untapped
 
+    def describe(self) -> str:
+        """How the plugin compiled the model: device, math and KV cache precision, with the math asked for where it
+        computes in another (a bf16 hint on a CPU without bf16 units runs in f32)."""
+        device, _, asked, _ = self._options
+        supported = self.compiled.get_property("SUPPORTED_PROPERTIES")
+
+        def precision(name: str) -> str:
+            return self.compiled.get_property(name).get_type_name() if name in supported else "?"
+
+        math = precision("INFERENCE_PRECISION_HINT")
+        note = f" ({asked} asked)" if asked and asked != math else ""
+        return f"{device}, {math} math{note}, {precision('KV_CACHE_PRECISION')} KV cache"
+
     @property
     def cache_manager(self) -> CacheManager:
         """The cache's blocks (and a hybrid target's state slots), as the scheduler reserves them."""

@@ -107,6 +107,11 @@ class Pipeline:
             Speculation(self.drafter.max_candidates, self.drafter.candidate_offset) if self.drafter else None
         )
 
+    def describe(self) -> str:
+        """How the target (and the draft) run, as the device compiled them: device, math, KV cache precision."""
+        draft = f"; draft {self.drafter.describe()}" if self.drafter is not None else ""
+        return f"target {self.target.describe()}{draft}"
+
     def compile_copies(self) -> None:
         """Compile every static copy of both models now (ovbuild.runtime.static_rows): a server's first requests
         would otherwise compile them, 0.1 to 0.4 s each on the demo pair, in the middle of their latency."""

@@ -76,6 +76,9 @@ class SteeredDrafter(Drafter):
     def compile_copies(self) -> None:
         self.inner.compile_copies()
 
+    def describe(self) -> str:
+        return self.inner.describe()
+
     def propose(self, items: list[DraftItem]) -> list[list[int]]:
         self.calls += 1
         real = self.inner.propose(items)

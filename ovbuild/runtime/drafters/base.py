@@ -77,6 +77,10 @@ class Drafter(ABC):
         """Commit each item's context rows and return up to `num_tokens` proposed tokens per item ([] if no anchor);
         a family that samples its proposals for sampling items returns them as `Proposal`s."""
 
+    def describe(self) -> str:
+        """How the draft model runs, as its device compiled it (device, math, KV cache precision)."""
+        return "not reported"
+
     def compile_copies(self) -> None:  # noqa: B027 (optional hook: a drafter without copies has nothing to do)
         """Compile now what the drafter would compile on first use (static copies per row count)."""
 

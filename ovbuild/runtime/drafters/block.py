@@ -71,6 +71,9 @@ class BlockDrafter(Drafter):
     def compile_copies(self) -> None:
         self.model.compile_copies()
 
+    def describe(self) -> str:
+        return self.model.describe()
+
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)
         self.committed.pop(seq_id, None)
