@@ -4,6 +4,7 @@ target alone, streaming and not; errors are OpenAI-shaped 400 / 503 bodies; /met
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -62,6 +63,14 @@ def wait_idle(server, timeout: float = 10.0) -> dict:
         if (health["outstanding"] == 0 and health["running"] == 0) or time.monotonic() > deadline:
             return health
         time.sleep(0.02)
+
+
+def test_the_app_says_how_the_device_compiled_the_models(server):
+    """`ovbuild serve` logs it at start: device, math and KV cache of the target and of the draft."""
+    runtime = server.server.config.app.state.runtime
+    assert re.fullmatch(
+        r"target CPU, \w+ math( \(\w+ asked\))?, \w+ KV cache; draft CPU, \w+ math, u8 KV cache", runtime
+    )
 
 
 def test_completions_equal_the_target_alone(client, alone):

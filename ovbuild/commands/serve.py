@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ovbuild.commands.generate import add_runtime_arguments, runtime_options
 
@@ -53,5 +54,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as e:
         raise MissingDependencyError("ovbuild serve needs uvicorn: pip install 'ovbuild[serve]'") from e
+    if args.log_level in ("info", "debug"):
+        print(f"ovbuild serve: {app.state.runtime}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

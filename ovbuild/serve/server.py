@@ -29,7 +29,9 @@ def build_app(
     pipeline.compile_copies()  # steady latency from the first request on
     engine = Engine(pipeline.scheduler(), pipeline.decode, max_requests)
     model = ServedModel.from_folder(name or str(target_dir), target_dir, pipeline, default_max_tokens)
-    return create_app(engine, model)
+    app = create_app(engine, model)
+    app.state.runtime = pipeline.describe()  # how the device compiled the models, for the startup log
+    return app
 
 
 class BackgroundServer:
