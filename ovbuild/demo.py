@@ -93,6 +93,7 @@ class DemoRun:
     prompts: list[str]
     one_at_a_time: Comparison
     concurrent: Comparison
+    runtime: str  # how the device compiled the models (Pipeline.describe)
 
     @property
     def identical(self) -> bool:
@@ -188,7 +189,7 @@ def run_demo(
         together = compare(
             pipeline, f"{len(prompts)} concurrent requests", [prompts], max_new_tokens, num_assistant_tokens, rounds
         )
-    return DemoRun(prompts, single, together)
+    return DemoRun(prompts, single, together, pipeline.describe())
 
 
 def _silent(_: str) -> None:

@@ -114,6 +114,7 @@ def test_demo_on_the_tiny_pair_is_lossless_and_shows_its_progress(capsys, monkey
     captured = capsys.readouterr()
     out, err = captured.out, captured.err
     assert "outputs identical with and without the draft: yes" in out
+    assert re.search(r"\nruntime: target CPU, \w+ math.*, \w+ KV cache; draft CPU, \w+ math, \w+ KV cache\n", out)
     assert "mean acceptance length" in out and "draft length chosen" in out
     assert re.search(r"speed-up, 4 concurrent requests: [\d.]+x, median of 2 rounds \(range [\d.]+-[\d.]+x", out)
     for i in range(1, 5):  # stdout is not a terminal here: labelled blocks, no escape codes

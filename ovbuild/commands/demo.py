@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_metrics(c.speculative_metrics, with_draft=True))
         print(f"=== {c.name}, target alone, median round")
         print(format_metrics(c.alone_metrics, with_draft=False))
-    print(f"\noutputs identical with and without the draft: {'yes' if demo.identical else 'NO'}")
+    print(f"\nruntime: {demo.runtime}")
+    print(f"outputs identical with and without the draft: {'yes' if demo.identical else 'NO'}")
     for c in (demo.one_at_a_time, demo.concurrent):
         ratios = c.speedups
         print(
