@@ -60,6 +60,7 @@ def models(target, draft):
 @pytest.fixture
 def bf16_units(monkeypatch):
     """The CPU plugin's capabilities as a CPU with bf16 units reports them, to the rules that read them
-    (ovbuild.runtime.machine.cpu_capabilities): so that those rules are tested on every CPU. Compile nothing under
-    it: the plugin itself still computes on this CPU's terms."""
+    (ovbuild.runtime.machine.cpu_capabilities; the rules on CPU flags read machine.cpu_flags, which tests patch the
+    same way): so that those rules are tested on every CPU. Compile nothing under it: the plugin itself still
+    computes on this CPU's terms."""
     monkeypatch.setattr(machine, "cpu_capabilities", lambda: ["FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"])

@@ -13,7 +13,7 @@ from ovbuild.errors import ConfigError, RequestError, UnsupportedError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
-from ovbuild.runtime import devices
+from ovbuild.runtime import machine
 from ovbuild.runtime.devices import cpu_kv_precisions, draft_inference_precision, target_inference_precision
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, Pipeline, RuntimeOptions
@@ -263,7 +263,7 @@ def test_a_draft_runs_in_f32_on_a_cpu_without_amx_unless_told_otherwise(flags, m
     """The draft's default inference precision: f32 on a CPU without AMX (bf16 math cost a draft more there than it
     saved), the device's own with AMX; a requested precision, a bf16 cache (bf16 math only) and other devices keep
     theirs."""
-    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(machine, "cpu_flags", lambda: frozenset(flags))
     amx = "amx_bf16" in flags
     assert draft_inference_precision("CPU", None, "u8") == (None if amx else "f32")
     assert draft_inference_precision("CPU", None, "f16") == (None if amx else "f32")
@@ -277,7 +277,7 @@ def test_a_target_runs_in_bf16_only_where_that_was_measured_exact(flags, monkeyp
     """The target's default inference precision: bf16 on a CPU with AVX-512 bf16 units and no AMX, for a target
     without states; f32 elsewhere, with an f32 cache and on other devices; the device's own with a bf16 cache; a
     requested precision is kept."""
-    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(machine, "cpu_flags", lambda: frozenset(flags))
     bf16 = flags == {"avx2", "avx512f", "avx512_bf16"}
     assert target_inference_precision("CPU", None, "f16") == ("bf16" if bf16 else "f32")
     assert target_inference_precision("CPU", None, "u8") == ("bf16" if bf16 else "f32")

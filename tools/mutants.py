@@ -370,7 +370,7 @@ MUTANTS = (
     Mutant(
         "draft-precision-device-default-everywhere",
         "ovbuild/runtime/devices.py",
-        'return None if "amx_bf16" in cpu_flags() else "f32"',
+        'return None if "amx_bf16" in machine.cpu_flags() else "f32"',
         "return None",
         ("tests/test_runtime_validation.py",),
     ),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ir import core
-from ovbuild.runtime.machine import cpu_capabilities, cpu_flags, cpu_runtime_precision
+from ovbuild.runtime import machine
+from ovbuild.runtime.machine import cpu_runtime_precision
 from ovbuild.runtime.paged_model import KV_PRECISIONS
 
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")  # take real devices after a colon: "AUTO:GPU,CPU"
@@ -25,7 +26,7 @@ def kv_precisions(device: str, inference_precision: str | None) -> tuple[str, ..
     """KV cache precisions that compile on `device` at `inference_precision` (None = the device's default)."""
     if not device.upper().startswith("CPU"):
         return KV_PRECISIONS  # other plugins are left to judge at compile time
-    return cpu_kv_precisions(cpu_capabilities(), inference_precision)
+    return cpu_kv_precisions(machine.cpu_capabilities(), inference_precision)
 
 
 def cpu_kv_precisions(capabilities: list[str], inference_precision: str | None) -> tuple[str, ...]:
@@ -68,7 +69,7 @@ def target_inference_precision(
         return requested
     if kv_cache_precision == "bf16":
         return None
-    flags = cpu_flags()
+    flags = machine.cpu_flags()
     on_cpu = device.upper().startswith("CPU")
     if on_cpu and not stateful and kv_cache_precision != "f32" and "avx512_bf16" in flags and "amx_bf16" not in flags:
         return "bf16"
@@ -87,4 +88,4 @@ def draft_inference_precision(device: str, requested: str | None, kv_cache_preci
     there the default stays."""
     if requested is not None or not device.upper().startswith("CPU") or kv_cache_precision == "bf16":
         return requested
-    return None if "amx_bf16" in cpu_flags() else "f32"
+    return None if "amx_bf16" in machine.cpu_flags() else "f32"

@@ -16,7 +16,8 @@ FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (empty where /proc/cpuinfo is not readable)."""
+    """The CPU's feature flags (empty where /proc/cpuinfo is not readable). Rules call it as machine.cpu_flags(), so
+    that a test can stand in another CPU's flags."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -34,7 +35,8 @@ def has_int8_dot_product() -> bool:
 
 def cpu_capabilities() -> list[str]:
     """The CPU plugin's OPTIMIZATION_CAPABILITIES (FP32, BF16, FP16, INT8, ...): what its kernels can compute in.
-    Every rule that depends on them reads them here, so that a test can put the rule on another CPU's terms."""
+    Every rule that depends on them reads them here (as machine.cpu_capabilities(), or through cpu_math), so that a
+    test can put the rule on another CPU's terms."""
     from ovbuild.graph.ir import core
 
     return list(core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
