@@ -288,6 +288,16 @@ def test_a_target_runs_in_bf16_only_where_that_was_measured_exact(flags, monkeyp
     assert target_inference_precision("GPU", None, "f16") == "f32"
 
 
+@pytest.mark.parametrize("part", ["openvino_model.bin", "openvino_model.xml"])
+def test_a_truncated_ir_is_one_error_line_naming_it(folders, tmp_path, capsys, part):
+    """A copy or download cut short: an ovbuild error that names the IR, not OpenVINO's traceback."""
+    target = shutil.copytree(folders[0], tmp_path / "target")
+    with open(target / part, "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    run = ovbuild(capsys, "generate", "--target", target, "--prompt", "abc", "--max-new-tokens", "2")
+    assert_clean_error(run, f"{target / 'openvino_model.xml'}: OpenVINO cannot read this IR")
+
+
 def test_results_written_to_json_after_the_checks(folders, tmp_path, capsys):
     out = tmp_path / "out.json"
     assert generate(capsys, folders, "--json", out).code == 0

@@ -39,7 +39,14 @@ def read_ir(path: str | Path) -> ov.Model:
         path = path / MODEL_FILE
     if not path.exists():
         raise ExportError(f"{path}: no such IR file")
-    model = core().read_model(str(path))
+    try:
+        model = core().read_model(str(path))
+    except RuntimeError as e:  # a truncated or damaged .xml or .bin: OpenVINO's reason is its message's last line
+        reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), "unreadable")
+        raise ExportError(
+            f"{path}: OpenVINO cannot read this IR ({reason.strip()}); is {path.with_suffix('.bin').name} complete? "
+            "Export the model again"
+        ) from None
     restore_paged_attention(model, path)
     return model
 
