@@ -44,8 +44,8 @@ def read_ir(path: str | Path) -> ov.Model:
     except RuntimeError as e:  # a truncated or damaged .xml or .bin: OpenVINO's reason is its message's last line
         reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), "unreadable")
         raise ExportError(
-            f"{path}: OpenVINO cannot read this IR ({reason.strip()}); is {path.with_suffix('.bin').name} complete? "
-            "Export the model again"
+            f"{path}: OpenVINO cannot read this IR ({reason.strip()}): it or {path.with_suffix('.bin').name} is "
+            "damaged or incomplete; export the model again"
         ) from None
     restore_paged_attention(model, path)
     return model
