@@ -298,6 +298,33 @@ def test_a_truncated_ir_is_one_error_line_naming_it(folders, tmp_path, capsys, p
     assert_clean_error(run, f"{target / 'openvino_model.xml'}: OpenVINO cannot read this IR")
 
 
+@pytest.mark.parametrize(
+    "name, extra, message",
+    [
+        ("tokenizer.json", (), "not a tokenizer the tokenizers library can read"),
+        ("generation_config.json", (), "not valid JSON"),
+        ("tokenizer_config.json", ("--chat",), "not valid JSON"),
+    ],
+)
+def test_a_damaged_file_of_the_target_folder_is_one_error_line_naming_it(
+    folders, tmp_path, capsys, name, extra, message
+):
+    target = shutil.copytree(folders[0], tmp_path / "target")
+    if name == "tokenizer_config.json":  # a chat template to read
+        (target / name).write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}"}))
+    text = (target / name).read_text()
+    (target / name).write_text(text[: len(text) // 2])
+    run = ovbuild(capsys, "generate", "--target", target, "--prompt", "abc", "--max-new-tokens", "2", *extra)
+    assert_clean_error(run, f"{target / name}: {message}")
+
+
+def test_eos_token_ids_must_be_token_ids(folders, tmp_path, capsys):
+    target = shutil.copytree(folders[0], tmp_path / "target")
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
+    run = ovbuild(capsys, "generate", "--target", target, "--prompt", "abc", "--max-new-tokens", "2")
+    assert_clean_error(run, "generation_config.json: eos_token_id '</s>' is not a token id or a list of them")
+
+
 def test_results_written_to_json_after_the_checks(folders, tmp_path, capsys):
     out = tmp_path / "out.json"
     assert generate(capsys, folders, "--json", out).code == 0

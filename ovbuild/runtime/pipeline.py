@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.state_pool import state_specs
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
+from ovbuild.weights.checkpoint import read_json
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,10 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     path = folder / "tokenizer.json"
     if not path.exists():
         raise ExportError(f"{path}: tokenizer not found (export the target with its tokenizer)")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        raise ExportError(f"{path}: not a tokenizer the tokenizers library can read ({e})") from None
 
 
 def eos_token_ids(folder: Path) -> tuple[int, ...]:
@@ -255,7 +258,11 @@ def eos_token_ids(folder: Path) -> tuple[int, ...]:
     for name in ("generation_config.json", "config.json"):
         path = folder / name
         if path.exists():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            if value is not None:
-                return tuple(value) if isinstance(value, list) else (value,)
+            value = read_json(path).get("eos_token_id")
+            if value is None:
+                continue
+            ids = value if isinstance(value, list) else [value]
+            if not all(type(i) is int and i >= 0 for i in ids):
+                raise ConfigError(f"{path}: eos_token_id {value!r} is not a token id or a list of them")
+            return tuple(ids)
     return ()

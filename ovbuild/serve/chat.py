@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ovbuild.errors import ConfigError, MissingDependencyError, RequestError
+from ovbuild.weights.checkpoint import read_json
 
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -39,7 +40,7 @@ class ChatTemplate:
         named list); None if it has neither."""
         folder = Path(folder)
         config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+        config = read_json(config_path) if config_path.exists() else {}
         special = {k: _token_text(config[k]) for k in _SPECIAL_TOKENS if _token_text(config.get(k))}
         jinja_path = folder / "chat_template.jinja"
         if jinja_path.exists():
