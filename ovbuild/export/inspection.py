@@ -15,7 +15,7 @@ import openvino as ov
 from ovbuild.contract import LAYER_PATTERN_KEY, MODEL_FILE, TOKENIZER_IRS, Identity, Provenance, WeightStorage
 from ovbuild.errors import ExportError
 from ovbuild.export.progress import human_size
-from ovbuild.graph.ir import core, read_ir
+from ovbuild.graph.ir import core, last_line, read_ir
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,7 @@ def inspect_folder(folder: str | Path, device: str = "CPU") -> FolderReport:
 
 def describe_ir(path: Path, device: str) -> IrReport:
     """Read one IR (PagedAttention rt_info restored), describe it, compile it."""
-    try:
-        model = read_ir(path)
-    except ExportError:
-        raise
-    except RuntimeError as e:
-        raise ExportError(f"{path}: cannot be read ({last_line(e)})") from e
+    model = read_ir(path)
     report = IrReport(
         path.name,
         [port(p) for p in model.inputs],
@@ -169,9 +164,3 @@ def format_report(report: FolderReport) -> str:
 def shown(value: str | None) -> str:
     """An rt_info value as printed: "?" when the IR does not record it."""
     return "?" if value is None else value
-
-
-def last_line(e: Exception) -> str:
-    """OpenVINO errors end with the useful line after a C++ file and line; keep only that."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(e).__name__

@@ -41,14 +41,19 @@ def read_ir(path: str | Path) -> ov.Model:
         raise ExportError(f"{path}: no such IR file")
     try:
         model = core().read_model(str(path))
-    except RuntimeError as e:  # a truncated or damaged .xml or .bin: OpenVINO's reason is its message's last line
-        reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), "unreadable")
+    except RuntimeError as e:  # a truncated or damaged .xml or .bin
         raise ExportError(
-            f"{path}: OpenVINO cannot read this IR ({reason.strip()}): it or {path.with_suffix('.bin').name} is "
-            "damaged or incomplete; export the model again"
+            f"{path}: cannot be read ({last_line(e)}): it or {path.with_suffix('.bin').name} is damaged or "
+            "incomplete; export the model again"
         ) from None
     restore_paged_attention(model, path)
     return model
+
+
+def last_line(e: Exception) -> str:
+    """OpenVINO errors end with the useful line after a C++ file and line; keep only that."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__
 
 
 def restore_paged_attention(model: ov.Model, path: str | Path | None = None) -> None:
