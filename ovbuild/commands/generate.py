@@ -277,10 +277,11 @@ def run(args: argparse.Namespace) -> int:
         scheduler.add_request(ids, config)
     stream_until_done(scheduler, _Printer(len(prompts)), pipeline.decode)
     requests, metrics = sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
-    print(f"runtime              {pipeline.describe()}", file=sys.stderr)
+    runtime = pipeline.describe()
+    print(f"runtime              {runtime}", file=sys.stderr)
     print(format_metrics(metrics, with_draft=args.draft is not None), file=sys.stderr)
     if args.json_path:
-        results = results_json(prompts, requests, metrics, args.trace) | {"runtime": pipeline.describe()}
+        results = results_json(prompts, requests, metrics, args.trace) | {"runtime": runtime}
         text = json.dumps(results, indent=2)
         try:
             Path(args.json_path).write_text(text)
