@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from ovbuild.families import build_draft_models, load_draft
-from ovbuild.graph.ir import save_ir
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import save_ir
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
 

@@ -25,9 +25,9 @@ import openvino as ov
 
 from ovbuild.graph.gated_delta import delta_rule_loop
 from ovbuild.graph.gated_delta_chunked import CHUNK, delta_rule_chunked
-from ovbuild.graph.ir import core
 from ovbuild.graph.ops import parameter, result
 from ovbuild.graph.step_grid import StepGrid, step_grid
+from ovbuild.ir import core
 from ovbuild.runtime.machine import describe
 
 # groups of (sequences, rows each, states after every row (verification) or after the last (prefill, decode))

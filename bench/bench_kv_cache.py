@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ovbuild.demo import export_pair, shipped_pair
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import read_ir
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe

@@ -27,7 +27,7 @@ import openvino.opset16 as ops
 
 from ovbuild.demo import shipped_pair
 from ovbuild.export import export
-from ovbuild.graph.ir import core, read_ir
+from ovbuild.ir import core, read_ir
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import read_ir
 from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.padding import DRAFT_PADDING

@@ -25,7 +25,7 @@ import numpy as np
 
 from ovbuild.demo import DEMO_PROMPTS, shipped_pair
 from ovbuild.export import export
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import read_ir
 from ovbuild.runtime.drafters.base import DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows

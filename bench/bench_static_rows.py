@@ -24,7 +24,7 @@ import openvino as ov
 
 from ovbuild.demo import shipped_pair
 from ovbuild.export import export
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import read_ir
 from ovbuild.runtime.drafters.base import DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows

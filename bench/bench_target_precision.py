@@ -26,9 +26,9 @@ import numpy as np
 
 from ovbuild.demo import shipped_pair
 from ovbuild.export import export
-from ovbuild.graph.ir import read_ir
 from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import read_ir
 from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel

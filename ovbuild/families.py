@@ -15,13 +15,13 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.contract import MODEL_STEM
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.dflash import build_dflash_models
 from ovbuild.graph.dflash2 import build_dflash2_models
 from ovbuild.graph.dspark import build_dspark_models
 from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import MODEL_STEM
 from ovbuild.runtime.drafters import BlockDrafter, Drafter, DrafterOption, DSparkDrafter, LatticeDrafter
 from ovbuild.runtime.reference import DFlash2Reference, DFlashReference, DSparkReference
 from ovbuild.testing.tiny import write_tiny_dflash
@@ -39,7 +39,7 @@ from ovbuild.weights.families.dspark import LAYOUT as DSPARK_LAYOUT
 from ovbuild.weights.families.dspark import DSparkConfig
 from ovbuild.weights.tensor_names import WeightSource
 
-# Every IR of a draft folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.contract). The target source
+# Every IR of a draft folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.ir). The target source
 # is None when the draft carries its own embedding and lm_head, or the IR format does not embed the target's.
 DraftBuilder = Callable[[DraftConfig, WeightSource, WeightSource | None, WeightPolicy], dict[str, ov.Model]]
 

@@ -13,8 +13,8 @@ import numpy as np
 
 from ovbuild.cli import main
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.ir import save_ir
 from ovbuild.testing.tokenizer import MASK_ID
 
 # (seq, context rows, block): two sequences packed, then one continuing with fresh context.
@@ -84,7 +84,7 @@ def paused(*args, **kwargs):
 setattr(owner, attr, paused)
 from ovbuild.cli import main
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import save_ir
+from ovbuild.ir import save_ir
 from ovbuild.graph.target import build_target
 sys.exit(main(argv))
 """

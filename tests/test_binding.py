@@ -8,7 +8,7 @@ import openvino as ov
 import openvino.opset16 as ops
 import pytest
 
-from ovbuild.graph.ir import core
+from ovbuild.ir import core
 from ovbuild.runtime.binding import REUSE_BYTES, InputBinder
 
 

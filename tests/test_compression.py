@@ -14,14 +14,14 @@ import pytest
 
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import core, read_ir, save_ir
 from ovbuild.graph.quantize import rtn
 from ovbuild.graph.quantize.decompression import compressed_constant
 from ovbuild.graph.quantize.nibbles import pack_nibbles, unpack_nibbles
 from ovbuild.graph.quantize.rtn import Scheme, dequantize, quantize
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy, stored_constant
+from ovbuild.ir import core, read_ir, save_ir
+from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference

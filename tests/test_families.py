@@ -13,8 +13,8 @@ import pytest
 
 from ovbuild.export.ir_formats import IR_FORMATS
 from ovbuild.families import DRAFTER_OPTIONS, DSPARK, FAMILIES, Family, build_draft_models, detect_layout, load_draft
-from ovbuild.graph.ir import save_ir
-from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.ir import save_ir
+from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.runtime.drafters import Drafter, DrafterOption, DraftItem, DSparkDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions, load_drafter

@@ -21,8 +21,9 @@ from ovbuild.export import export
 from ovbuild.export.tokenizer import SpecialTokens, convert_tokenizer
 from ovbuild.families import load_draft
 from ovbuild.graph.genai.draft import build_genai_draft
-from ovbuild.graph.genai.target import LOCATORS_KEY, build_genai_target
-from ovbuild.graph.ir import MODEL_FILE, core
+from ovbuild.graph.genai.target import build_genai_target
+from ovbuild.ir import MODEL_FILE, core
+from ovbuild.ir.records import LOCATORS_KEY
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
@@ -71,7 +72,7 @@ def test_target_matches_reference_over_prefill_and_decode(folders, target):
     cfg, weights = target
     model = read(folders[0])
     # Expose the nodes GenAI's locators point at for the draft's taps, to check them against the reference's taps.
-    producers = json.loads(model.get_rt_info(LOCATORS_KEY).astype(str))["layers"]
+    producers = json.loads(model.get_rt_info(LOCATORS_KEY.path).astype(str))["layers"]
     nodes = {n.get_friendly_name(): n for n in model.get_ops()}
     for i in TAPS:
         r = ops.result(nodes[producers[str(i)]["producer"]].output(producers[str(i)]["output_index"]))

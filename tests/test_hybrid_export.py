@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ovbuild.families import load_draft
-from ovbuild.graph.ir import read_ir
-from ovbuild.graph.rt_info import get_rt_info
+from ovbuild.ir import read_ir
+from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.dflash import DFlashReference
 from ovbuild.testing import F32_NMSE

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ovbuild.graph.hybrid_target import build_hybrid_target
-from ovbuild.graph.ir import read_ir, save_ir
+from ovbuild.ir import read_ir, save_ir
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.reference.hybrid import HybridReference

@@ -9,9 +9,9 @@ import openvino as ov
 import openvino.opset16 as ops
 import pytest
 
-from ovbuild.graph.ir import core
 from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import i64, parameter, result
+from ovbuild.ir import core
 from ovbuild.runtime.lattice import greedy_walk
 from ovbuild.runtime.reference.dflash2 import greedy_walk as reference_walk
 from ovbuild.testing import F32_NMSE, nmse

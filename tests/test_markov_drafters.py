@@ -8,7 +8,7 @@ import pytest
 import ovbuild.runtime.drafters.markov as markov
 from ovbuild.errors import ConfigError
 from ovbuild.families import DFLASH2, DRAFTERS, DSPARK, build_draft_models, load_draft
-from ovbuild.graph.ir import core, save_ir
+from ovbuild.ir import core, save_ir
 from ovbuild.runtime.drafters import LatticeDrafter
 from ovbuild.weights.checkpoint import Checkpoint
 

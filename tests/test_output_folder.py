@@ -9,7 +9,7 @@ import pytest
 
 import ovbuild.export.package as package
 import ovbuild.export.renames as renames
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import read_ir
 
 from export_helpers import assert_clean_error, finish, ovbuild, snapshot, start_paused
 

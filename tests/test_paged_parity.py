@@ -8,8 +8,8 @@ import pytest
 
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import read_ir, save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.ir import read_ir, save_ir
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import TAPS, PagedModel, taps_in_math_precision

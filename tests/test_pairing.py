@@ -13,8 +13,8 @@ from ovbuild.errors import CompatibilityError, ExportError, RequestError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.genai.target import build_genai_target
-from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.ir import save_ir
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.testing import write_tiny_target

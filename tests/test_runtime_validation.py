@@ -11,8 +11,8 @@ import pytest
 
 from ovbuild.errors import ConfigError, RequestError, UnsupportedError
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.ir import save_ir
 from ovbuild.runtime import machine
 from ovbuild.runtime.devices import cpu_kv_precisions, draft_inference_precision, target_inference_precision
 from ovbuild.runtime.paged_model import PagedModel

@@ -13,7 +13,7 @@ import ovbuild.export.output_folder as output_folder
 import ovbuild.export.package as package
 import ovbuild.export.renames as renames
 from ovbuild.export.inspection import flatten
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import read_ir
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.signals import deliver
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ovbuild.families import DRAFTERS, FAMILIES, build_draft_models, load_draft
-from ovbuild.graph.ir import save_ir
 from ovbuild.graph.target import build_target
+from ovbuild.ir import save_ir
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler

@@ -12,10 +12,20 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.contract import LAYER_PATTERN_KEY, MODEL_FILE, TOKENIZER_IRS, Identity, Provenance, WeightStorage
 from ovbuild.errors import ExportError
 from ovbuild.export.progress import human_size
-from ovbuild.graph.ir import core, last_line, read_ir
+from ovbuild.ir import (
+    MODEL_FILE,
+    TOKENIZER_IRS,
+    HybridKeys,
+    Identity,
+    Provenance,
+    WeightStorage,
+    core,
+    last_line,
+    read_ir,
+)
+from ovbuild.ir.rt_info import flat_rt_info
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class IrReport:
     rt_info: dict[str, str]
     constants: dict[str, tuple[int, int]]
     compiled_on: str = ""
+    hybrid: HybridKeys | None = None  # a hybrid target's layer pattern and linear-attention geometry
 
 
 @dataclass
@@ -77,8 +88,9 @@ def describe_ir(path: Path, device: str) -> IrReport:
         Identity.from_model(model, path),
         WeightStorage.from_model(model, path),
         Provenance.from_model(model, path),
-        flatten(model.get_rt_info()),
+        flat_rt_info(model),
         constants(model),
+        hybrid=HybridKeys.from_model(model, path),
     )
     try:
         core().compile_model(model, device)
@@ -110,18 +122,6 @@ def port(p: ov.Output) -> Port:
     return Port(p.get_any_name(), p.get_element_type().get_type_name(), str(p.get_partial_shape()))
 
 
-def flatten(rt, prefix: str = "") -> dict[str, str]:
-    """Nested rt_info -> {"a/b": "value", ...}."""
-    out = {}
-    for key in rt:
-        value = rt[key]
-        if isinstance(value, dict):
-            out |= flatten(value, f"{prefix}{key}/")
-        else:
-            out[f"{prefix}{key}"] = value.astype(str) if isinstance(value, ov.OVAny) else str(value)
-    return out
-
-
 def constants(model: ov.Model) -> dict[str, tuple[int, int]]:
     """Constant element type -> (count, bytes): how the weights are actually stored."""
     count, size = Counter(), Counter()
@@ -142,8 +142,8 @@ def format_report(report: FolderReport) -> str:
         f"weight format {shown(main.storage.weight_format)}, IR format {shown(main.origin.ir_format)}",
         f"  source {shown(main.origin.source)} @ {shown(main.origin.revision)}",
     ]
-    pattern = main.rt_info.get(LAYER_PATTERN_KEY)
-    if pattern:  # a hybrid target: which layers are linear (L) and which full attention (F)
+    if main.hybrid is not None:  # a hybrid target: which layers are linear (L) and which full attention (F)
+        pattern = main.hybrid.layer_pattern
         lines.append(f"  layers {pattern} ({pattern.count('L')} linear attention, {pattern.count('F')} full attention)")
     for ir in report.irs:
         lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]

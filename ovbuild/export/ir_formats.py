@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovbuild.contract import MODEL_STEM
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import MODEL_STEM
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
-# Each returns every IR of the output folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.contract).
+# Each returns every IR of the output folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.ir).
 TargetBuilder = Callable[[TargetConfig, WeightSource, tuple[int, ...], WeightPolicy], dict[str, ov.Model]]
 
 

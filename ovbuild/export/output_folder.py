@@ -15,7 +15,7 @@ from pathlib import Path
 from ovbuild.errors import ExportError
 from ovbuild.export.partial import PartialFolder, remove_stale
 from ovbuild.export.renames import exchange, move_noreplace
-from ovbuild.graph.ir import MODEL_FILE
+from ovbuild.ir import MODEL_FILE
 from ovbuild.signals import signals_deferred
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.contract import TOKENIZER_IRS, Provenance, write_rt_info
 from ovbuild.errors import ExportError, UnsupportedError
 from ovbuild.export.tokenizer import convert_tokenizer, special_tokens
-from ovbuild.graph.ir import save_ir
+from ovbuild.ir import TOKENIZER_IRS, Provenance, save_ir, write_rt_info
 from ovbuild.weights.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)

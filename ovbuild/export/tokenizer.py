@@ -14,8 +14,9 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.contract import SpecialTokens
 from ovbuild.errors import ExportError, UnsupportedError
+from ovbuild.ir import SpecialTokens
+from ovbuild.ir.ports import ATTENTION_MASK, GENAI_INPUT_IDS
 
 NORMALIZATIONS = ("NFC", "NFD", "NFKC", "NFKD")
 SPLIT_BEHAVIOURS = {
@@ -71,7 +72,7 @@ def convert_tokenizer(tokenizer_json: Path, special: SpecialTokens) -> tuple[ov.
 
     full = pipeline.get_tokenizer_ov_subgraph()
     # The padding step also emits token_type_ids; Qwen tokenizers feed only ids and mask to the model.
-    outputs = [next(o for o in full.outputs if name in o.get_names()) for name in ("input_ids", "attention_mask")]
+    outputs = [next(o for o in full.outputs if name in o.get_names()) for name in (GENAI_INPUT_IDS, ATTENTION_MASK)]
     tokenizer = _with_type(ov.Model(outputs, full.get_parameters(), "tokenizer"), ov.Type.i64, outputs=True)
     detokenizer = _with_type(pipeline.get_detokenizer_ov_subgraph(), ov.Type.i64, outputs=False)
     for m in (tokenizer, detokenizer):

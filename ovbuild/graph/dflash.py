@@ -22,13 +22,24 @@ from typing import Protocol
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import DraftIR, HeadGeometry, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, embedding, greedy_ids, lm_head, norm
 from ovbuild.graph.ops import Output, const, i32, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import DraftIR, HeadGeometry, write_rt_info
+from ovbuild.ir.ports import (
+    CANDIDATE_INDICES,
+    GREEDY_IDS,
+    INPUT_IDS,
+    LAST_HIDDEN_STATE,
+    LOGITS,
+    POSITION_IDS,
+    SUBSEQUENCE_BEGINS,
+    TAPS_IN,
+    TOKEN_TYPE_IDS,
+)
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -47,17 +58,17 @@ def build_dflash_draft(
     [T, H] key/value source of every packed row): families that wrap the Qwen3 layer pass theirs. `markov_head`: the
     file stem of the head IR the backbone needs, recorded in its rt_info.
     """
-    input_ids = parameter("input_ids", [-1], ov.Type.i64)
-    hidden_states = parameter("hidden_states", [-1, cfg.num_taps * cfg.target_hidden_size], ov.Type.f32)
-    token_type_ids = parameter("token_type_ids", [-1], ov.Type.i32)
-    position_ids = parameter("position_ids", [-1], ov.Type.i64)
-    candidate_indices = parameter("candidate_indices", [-1], ov.Type.i64)
+    input_ids = parameter(INPUT_IDS, [-1])
+    hidden_states = parameter(TAPS_IN, [-1, cfg.num_taps * cfg.target_hidden_size])
+    token_type_ids = parameter(TOKEN_TYPE_IDS, [-1])
+    position_ids = parameter(POSITION_IDS, [-1])
+    candidate_indices = parameter(CANDIDATE_INDICES, [-1])
     paged = PagedInputs(bidirectional_rows=cfg.block_size)  # each block is one bidirectional run
     ctx = BuildContext(
         cfg, draft, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
     )
     ctx.inputs.update(
-        token_type_ids=token_type_ids.output(0), subsequence_begins=paged.sequence["subsequence_begins"].output(0)
+        token_type_ids=token_type_ids.output(0), subsequence_begins=paged.sequence[SUBSEQUENCE_BEGINS].output(0)
     )
 
     rows = PagedRows(token_type_ids.output(0))
@@ -76,7 +87,7 @@ def build_dflash_draft(
     h = norm(ctx, picked, "norm")  # [R, H]
     logits = logit_transforms(cfg, lm_head(ctx, owner(draft, target, "lm_head"), h))
     params = [input_ids, hidden_states, token_type_ids, position_ids, *paged.parameters, candidate_indices]
-    outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids"), result(h, "last_hidden_state")]
+    outputs = [result(logits, LOGITS), result(greedy_ids(logits), GREEDY_IDS), result(h, LAST_HIDDEN_STATE)]
     model = ov.Model(outputs, params, f"ovbuild_{cfg.family}_draft")
     write_rt_info(model, draft_ir(cfg, markov_head=markov_head), ctx.policy.storage())  # and how weights are stored
     return model

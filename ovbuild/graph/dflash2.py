@@ -14,7 +14,6 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import MARKOV_HEAD_STEM, MODEL_STEM, DFlash2Keys, MarkovHeadIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.conv import GroupedDynamicConv, block_row_index, tap_masks
 from ovbuild.graph.decoder import mlp, norm, self_attention
@@ -22,6 +21,17 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import MARKOV_HEAD_STEM, MODEL_STEM, DFlash2Keys, MarkovHeadIR, write_rt_info
+from ovbuild.ir.ports import (
+    CANDIDATE_BEGINS,
+    CANDIDATE_IDS,
+    DRAFT_HIDDEN_STATES,
+    EDGE_SCORES,
+    HEAD_LOGITS,
+    PREV_TOKEN_IDS,
+    SUBSEQUENCE_BEGINS,
+    TOKEN_TYPE_IDS,
+)
 from ovbuild.weights.families.dflash2 import DFlash2Config
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -36,7 +46,7 @@ class DFlash2Layer:
     def __call__(self, ctx: BuildContext, i: int, x: Output, kv_input, token_type_ids: Output | None = None) -> Output:
         cfg = self.cfg
         if self.masks is None:
-            index = block_row_index(ctx.inputs["token_type_ids"], ctx.inputs["subsequence_begins"])  # [T]
+            index = block_row_index(ctx.inputs[TOKEN_TYPE_IDS], ctx.inputs[SUBSEQUENCE_BEGINS])  # [T]
             index = ops.gather(index, ctx.query_rows, i64(0))  # [Tb]: x holds the block rows only
             self.masks = tap_masks(index, cfg.conv_kernel_size)
 
@@ -82,10 +92,10 @@ def build_markov_head(cfg: DFlash2Config, draft: WeightSource, policy: WeightPol
     """
     policy = (policy or WeightPolicy()).uncompressed()
     h, v, rank = cfg.hidden_size, cfg.vocab_size, cfg.selector_rank
-    logits = parameter("logits", [-1, v], ov.Type.f32)
-    hidden = parameter("draft_hidden_states", [-1, h], ov.Type.f32)
-    prev_token_ids = parameter("prev_token_ids", [-1], ov.Type.i64)
-    candidate_begins = parameter("candidate_begins", [-1], ov.Type.i32)
+    logits = parameter(HEAD_LOGITS, [-1, v])
+    hidden = parameter(DRAFT_HIDDEN_STATES, [-1, h])
+    prev_token_ids = parameter(PREV_TOKEN_IDS, [-1])
+    candidate_begins = parameter(CANDIDATE_BEGINS, [-1])
 
     def weight(name: str, shape: tuple[int, int], role: str) -> Output:
         p = f"candidate_selector.{name}"
@@ -106,7 +116,7 @@ def build_markov_head(cfg: DFlash2Config, draft: WeightSource, policy: WeightPol
         logits.output(0), prev_token_ids.output(0), candidate_begins.output(0), cfg.selector_top_k, transition
     )
     model = ov.Model(
-        [result(lattice.candidate_ids, "candidate_ids"), result(lattice.edge_scores, "edge_scores")],
+        [result(lattice.candidate_ids, CANDIDATE_IDS), result(lattice.edge_scores, EDGE_SCORES)],
         [logits, hidden, prev_token_ids, candidate_begins],
         "ovbuild_dflash2_markov_head",
     )

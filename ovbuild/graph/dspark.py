@@ -19,13 +19,22 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import MARKOV_HEAD_STEM as MARKOV_HEAD  # the name the tests and older callers import
-from ovbuild.contract import MODEL_STEM, DSparkKeys, MarkovHeadIR, write_rt_info
 from ovbuild.errors import ConfigError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.dspark_lattice import DEFAULT_TOP_K, markov_lattice
 from ovbuild.graph.ops import Output, argmax, i64, named, parameter, result
 from ovbuild.graph.weights import WeightPolicy, f32_constant
+from ovbuild.ir import MARKOV_HEAD_STEM as MARKOV_HEAD  # the name the tests and older callers import
+from ovbuild.ir import MODEL_STEM, DSparkKeys, MarkovHeadIR, write_rt_info
+from ovbuild.ir.ports import (
+    CANDIDATE_BEGINS,
+    CHAIN_IDS,
+    CONFIDENCE,
+    DRAFT_HIDDEN_STATES,
+    HEAD_LOGITS,
+    LAST_HIDDEN_STATE,
+    PREV_TOKEN_IDS,
+)
 from ovbuild.weights.families.dspark import DSparkConfig
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -42,14 +51,12 @@ class MarkovHead:
         self.cfg = cfg
         self.policy = policy = policy.uncompressed()
         h, v, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
-        self.logits = parameter("logits", [-1, v], ov.Type.f32)
-        self.prev_token_ids = parameter("prev_token_ids", [-1], ov.Type.i64)
-        self.candidate_begins = parameter("candidate_begins", [-1], ov.Type.i32)
+        self.logits = parameter(HEAD_LOGITS, [-1, v])
+        self.prev_token_ids = parameter(PREV_TOKEN_IDS, [-1])
+        self.candidate_begins = parameter(CANDIDATE_BEGINS, [-1])
         self.gated = cfg.markov_head_type == "gated"
         self.with_confidence = cfg.confidence_head_with_markov
-        self.hidden = (
-            parameter("draft_hidden_states", [-1, h], ov.Type.f32) if self.gated or self.with_confidence else None
-        )
+        self.hidden = parameter(DRAFT_HIDDEN_STATES, [-1, h]) if self.gated or self.with_confidence else None
 
         def matrix(name: str, shape: tuple[int, int], role: str = "linear") -> Output:
             return policy.matrix(draft.get(name, shape), name.replace(".", "/"), role=role)
@@ -142,9 +149,9 @@ def greedy_chain(head: MarkovHead, steps: int) -> dict[str, Output]:
         tokens.append(previous)
         slots.append(ops.select(ops.less(i64([k]), counts), rows, num_rows))  # [S]: a row of its own, or slot R
     slots = named(ops.concat(slots, 0), "markov_chain/slots")  # [steps * S]
-    outputs = {"chain_ids": scatter_rows(ops.concat(tokens, 0), slots, num_rows, ov.Type.i64, "chain_ids")}
+    outputs = {CHAIN_IDS: scatter_rows(ops.concat(tokens, 0), slots, num_rows, ov.Type.i64, CHAIN_IDS)}
     if head.with_confidence:
-        outputs["confidence"] = scatter_rows(ops.concat(confidences, 0), slots, num_rows, ov.Type.f32, "confidence")
+        outputs[CONFIDENCE] = scatter_rows(ops.concat(confidences, 0), slots, num_rows, ov.Type.f32, CONFIDENCE)
     return outputs
 
 
@@ -189,8 +196,8 @@ def build_dspark_draft(
     policy = policy or WeightPolicy()
     model = build_dflash_draft(cfg, draft, target, policy, markov_head=MARKOV_HEAD if cfg.markov_rank else None)
     if cfg.enable_confidence_head and not cfg.confidence_head_with_markov:
-        h = model.output("last_hidden_state").get_node().input_value(0)  # [R, H]: what the Result reads
-        model.add_results([result(hidden_confidence(cfg, draft, policy, h), "confidence")])
+        h = model.output(LAST_HIDDEN_STATE).get_node().input_value(0)  # [R, H]: what the Result reads
+        model.add_results([result(hidden_confidence(cfg, draft, policy, h), CONFIDENCE)])
     write_rt_info(model, DSparkKeys(cfg.markov_rank, cfg.markov_head_type if cfg.markov_rank else None))
     return model
 

@@ -15,6 +15,7 @@ import openvino.opset16 as ops
 
 from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import Output, i64, named
+from ovbuild.ir.ports import CANDIDATE_IDS, EDGE_SCORES, PREDECESSOR_CONFIDENCE
 
 if TYPE_CHECKING:  # the head is built by ovbuild.graph.dspark, which puts this form into its IR
     from ovbuild.graph.dspark import MarkovHead
@@ -49,8 +50,8 @@ def markov_lattice(head: MarkovHead, top_k: int) -> dict[str, Output]:
         transition,
         first_row_bias,
     )
-    outputs = {"candidate_ids": lattice.candidate_ids, "edge_scores": lattice.edge_scores}
+    outputs = {CANDIDATE_IDS: lattice.candidate_ids, EDGE_SCORES: lattice.edge_scores}
     if head.with_confidence:
         (e,) = predecessor_vectors
-        outputs["predecessor_confidence"] = head.confidence(row_hidden, e, "markov_lattice/predecessor_confidence")
+        outputs[PREDECESSOR_CONFIDENCE] = head.confidence(row_hidden, e, "markov_lattice/predecessor_confidence")
     return outputs

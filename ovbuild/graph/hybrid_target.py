@@ -12,7 +12,6 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import HeadGeometry, HybridKeys, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import embedding, mlp
 from ovbuild.graph.gated_attention import gated_attention, zero_centered_norm
@@ -23,6 +22,18 @@ from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.step_grid import step_grid
 from ovbuild.graph.target import target_outputs
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import HeadGeometry, HybridKeys, TargetIR, write_rt_info
+from ovbuild.ir.ports import (
+    CONV_STATE,
+    CONV_STATE_OUT,
+    INPUT_IDS,
+    LOGITS_INDICES,
+    POSITION_IDS,
+    RECURRENT_STATE,
+    RECURRENT_STATE_OUT,
+    STATE_ROWS,
+    SUBSEQUENCE_BEGINS,
+)
 from ovbuild.weights.draft_config import check_target_layer_ids
 from ovbuild.weights.hybrid import HybridTargetConfig
 from ovbuild.weights.tensor_names import WeightSource
@@ -37,14 +48,14 @@ def build_hybrid_target(
     """The paged hybrid target IR with the layer outputs at `target_layer_ids` concatenated as hidden_states."""
     if target_layer_ids:
         check_target_layer_ids(tuple(target_layer_ids), cfg.num_layers, "target_layer_ids")
-    input_ids = parameter("input_ids", [-1], ov.Type.i64)
-    position_ids = parameter("position_ids", [-1], ov.Type.i64)
-    logits_indices = parameter("logits_indices", [-1], ov.Type.i64)
-    state_rows = parameter("state_rows", [-1], ov.Type.i64)
+    input_ids = parameter(INPUT_IDS, [-1])
+    position_ids = parameter(POSITION_IDS, [-1])
+    logits_indices = parameter(LOGITS_INDICES, [-1])
+    state_rows = parameter(STATE_ROWS, [-1])
     paged = PagedInputs()
     tables = rotary_tables(position_ids.output(0), cfg.rope, cfg.rotary_dim)
     ctx = BuildContext(cfg, weights, policy or WeightPolicy(), paged, tables)
-    grid = step_grid(paged.sequence["subsequence_begins"].output(0), state_rows.output(0), input_ids.output(0))
+    grid = step_grid(paged.sequence[SUBSEQUENCE_BEGINS].output(0), state_rows.output(0), input_ids.output(0))
     kernel, heads = cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads
     state_inputs, state_outputs = [], []
     x = embedding(ctx, weights, input_ids.output(0))  # [T, H]
@@ -54,14 +65,14 @@ def build_hybrid_target(
         if kind == "full_attention":
             mixed = gated_attention(ctx, i, u)
         else:
-            conv_in = parameter(f"conv_state.{i}", [-1, cfg.conv_dim, kernel - 1], ov.Type.f32)
+            conv_in = parameter(CONV_STATE, [-1, cfg.conv_dim, kernel - 1], i)
             shape = [-1, heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim]
-            recurrent_in = parameter(f"recurrent_state.{i}", shape, ov.Type.f32)
+            recurrent_in = parameter(RECURRENT_STATE, shape, i)
             mixed, conv_out, recurrent_out = gated_delta_net(ctx, i, u, grid, conv_in.output(0), recurrent_in.output(0))
             state_inputs += [conv_in, recurrent_in]
             state_outputs += [
-                result(conv_out, f"conv_state_out.{i}"),
-                result(recurrent_out, f"recurrent_state_out.{i}"),
+                result(conv_out, CONV_STATE_OUT, i),
+                result(recurrent_out, RECURRENT_STATE_OUT, i),
             ]
         x = named(ops.add(x, mixed), f"layers.{i}/mixer_residual")
         m = mlp(ctx, i, zero_centered_norm(ctx, x, f"layers.{i}.post_attention_layernorm", cfg.hidden_size))

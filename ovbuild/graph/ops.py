@@ -6,6 +6,8 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
+from ovbuild.ir.ports import Port
+
 Node = ov.Node
 Output = ov.Output
 
@@ -35,15 +37,20 @@ def first_output(x: Node | Output) -> Output:
     return x.output(0) if isinstance(x, ov.Node) else x
 
 
-def parameter(name: str, shape: list[int], dtype: ov.Type) -> ov.Node:
-    """A model input whose tensor name equals its friendly name, so ports are found by name."""
-    p = ops.parameter(shape, dtype, name=name)
+def parameter(port: Port, shape: list[int], layer: int | None = None) -> ov.Node:
+    """The model input `port` (of `layer`, for a per-layer port) of this shape (its rank declared with the port),
+    whose tensor name equals its friendly name, so ports are found by name."""
+    if len(shape) != port.rank:
+        raise ValueError(f"port '{port}' has rank {port.rank}, not the {len(shape)} of {shape}")
+    name = port.of(layer) if layer is not None else str(port)
+    p = ops.parameter(shape, port.dtype, name=name)
     p.output(0).set_names({name})
     return p
 
 
-def result(value: Output, name: str) -> ov.Node:
-    """A model output named `name`."""
+def result(value: Output, port: Port, layer: int | None = None) -> ov.Node:
+    """The model output `port` (of `layer`, for a per-layer port)."""
+    name = port.of(layer) if layer is not None else str(port)
     r = ops.result(value)
     r.set_friendly_name(name)
     r.output(0).set_names({name})

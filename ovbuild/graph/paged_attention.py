@@ -10,9 +10,19 @@ from openvino._pyopenvino.op import _PagedAttentionExtension
 
 from ovbuild.graph.ops import Output, const, i32, named, parameter
 from ovbuild.graph.packed import window_band
+from ovbuild.ir import set_head_geometry
+from ovbuild.ir.ports import (
+    BLOCK_INDICES,
+    BLOCK_INDICES_BEGINS,
+    KEY_CACHE,
+    MAX_CONTEXT_LEN,
+    PAST_LENS,
+    SUBSEQUENCE_BEGINS,
+    VALUE_CACHE,
+)
 
 # The four sequence-layout inputs every paged model has, shared by all of its PagedAttention nodes.
-SEQUENCE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")
+SEQUENCE_INPUTS = (PAST_LENS, SUBSEQUENCE_BEGINS, BLOCK_INDICES, BLOCK_INDICES_BEGINS)
 
 
 class AttentionBackend(Protocol):
@@ -43,8 +53,8 @@ class PagedInputs:
     def __init__(self, bidirectional_rows: int = 0):
         self.bidirectional_rows = bidirectional_rows
         self._bands: dict[int, tuple[Output, Output]] = {}
-        self.sequence = {name: parameter(name, [-1], ov.Type.i32) for name in SEQUENCE_INPUTS}
-        self.max_context_len = parameter("max_context_len", [], ov.Type.i32)
+        self.sequence = {port: parameter(port, [-1]) for port in SEQUENCE_INPUTS}
+        self.max_context_len = parameter(MAX_CONTEXT_LEN, [])
         self.caches: list[ov.Node] = []
         self._empty_i32, self._empty_f32 = const([], np.int32), const([], np.float32)
         self._empty_u8 = const([], np.uint8)
@@ -74,8 +84,8 @@ class PagedInputs:
         a run longer than the window also gets a query-to-query band over its chunk (qq_bias, AND-ed with the rest).
         """
         # Cache layout and precision are chosen by the plugin at compile time: declare them fully dynamic.
-        key_cache = parameter(f"key_cache.{layer}", [-1, -1, -1, -1], ov.Type.dynamic)
-        value_cache = parameter(f"value_cache.{layer}", [-1, -1, -1, -1], ov.Type.dynamic)
+        key_cache = parameter(KEY_CACHE, [-1, -1, -1, -1], layer)
+        value_cache = parameter(VALUE_CACHE, [-1, -1, -1, -1], layer)
         self.caches += [key_cache, value_cache]
         s, e32, ef32 = self.sequence, self._empty_i32, self._empty_f32
         qq_bias, qq_bias_begins = self._empty_u8, e32
@@ -83,8 +93,8 @@ class PagedInputs:
             qq_bias, qq_bias_begins = self._band(sliding_window)
         inputs = [
             q, k, v, key_cache.output(0), value_cache.output(0),
-            s["past_lens"].output(0), s["subsequence_begins"].output(0), s["block_indices"].output(0),
-            s["block_indices_begins"].output(0),
+            s[PAST_LENS].output(0), s[SUBSEQUENCE_BEGINS].output(0), s[BLOCK_INDICES].output(0),
+            s[BLOCK_INDICES_BEGINS].output(0),
             const(1.0 / np.sqrt(head_dim)),  # 9 scale
             i32(sliding_window),  # 10 sliding_window, 0 = off
             ef32,  # 11 alibi_slopes
@@ -104,13 +114,6 @@ class PagedInputs:
     def _band(self, window: int) -> tuple[Output, Output]:
         """The |i - j| < window band of every sequence's new rows, built once per window and shared by its layers."""
         if window not in self._bands:
-            begins = self.sequence["subsequence_begins"].output(0)
+            begins = self.sequence[SUBSEQUENCE_BEGINS].output(0)
             self._bands[window] = window_band(begins, window, f"attention_window_band/w{window}")
         return self._bands[window]
-
-
-def set_head_geometry(node: ov.Node, num_kv_heads: int, head_dim: int) -> None:
-    """The CPU plugin requires this node rt_info, and IR files drop it: set at build and again after reading."""
-    rt = node.get_rt_info()
-    rt["num_k_heads"], rt["k_head_size"] = num_kv_heads, head_dim
-    rt["num_v_heads"], rt["v_head_size"] = num_kv_heads, head_dim

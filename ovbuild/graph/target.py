@@ -9,13 +9,14 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import HeadGeometry, TargetIR, write_rt_info
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_stack, embedding, greedy_ids, lm_head
 from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import HeadGeometry, TargetIR, write_rt_info
+from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSITION_IDS, TAPS
 from ovbuild.weights.draft_config import check_target_layer_ids
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
@@ -27,9 +28,9 @@ def build_target(
     """The paged target IR with the decoder-layer outputs at `target_layer_ids` concatenated as hidden_states."""
     if target_layer_ids:
         check_target_layer_ids(tuple(target_layer_ids), cfg.num_layers, "target_layer_ids")
-    input_ids = parameter("input_ids", [-1], ov.Type.i64)
-    position_ids = parameter("position_ids", [-1], ov.Type.i64)
-    logits_indices = parameter("logits_indices", [-1], ov.Type.i64)
+    input_ids = parameter(INPUT_IDS, [-1])
+    position_ids = parameter(POSITION_IDS, [-1])
+    logits_indices = parameter(LOGITS_INDICES, [-1])
     paged = PagedInputs()
     ctx = BuildContext(
         cfg, weights, policy or WeightPolicy(), paged, rotary_tables(position_ids.output(0), cfg.rope, cfg.head_dim)
@@ -60,9 +61,9 @@ def target_outputs(
     the `logits_indices` rows, and the taps of `target_layer_ids` concatenated as hidden_states."""
     picked = named(ops.gather(layer_outputs[-1], logits_indices, i64(0)), "logits_rows")  # [R, H]
     logits = lm_head(ctx, weights, picked)  # [R, V]
-    outputs = [result(logits, "logits"), result(greedy_ids(logits), "greedy_ids")]
+    outputs = [result(logits, LOGITS), result(greedy_ids(logits), GREEDY_IDS)]
     if target_layer_ids:
         taps = [layer_outputs[t] for t in target_layer_ids]
         hidden = taps[0] if len(taps) == 1 else named(ops.concat(taps, -1), "hidden_states/concat")  # [T, n * H]
-        outputs.append(result(hidden, "hidden_states"))
+        outputs.append(result(hidden, TAPS))
     return outputs

@@ -9,11 +9,11 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import WeightStorage
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.graph.ops import Output, named
 from ovbuild.graph.quantize.decompression import compressed_constant
 from ovbuild.graph.quantize.rtn import CHUNK_WEIGHTS, Scheme
+from ovbuild.ir import WeightStorage
 from ovbuild.weights.dtypes import FLOAT_DTYPES, f32_to_bf16, to_f32
 from ovbuild.weights.tensor import WeightTensor
 

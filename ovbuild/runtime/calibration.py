@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ovbuild.errors import CacheExhaustedError
+from ovbuild.ir.ports import INPUT_IDS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
@@ -23,9 +24,9 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
 
     def target_call(rows: int) -> float:
         inputs = {
-            "input_ids": np.zeros(rows, np.int64),
-            "position_ids": np.arange(rows),
-            "logits_indices": np.arange(rows),
+            INPUT_IDS: np.zeros(rows, np.int64),
+            POSITION_IDS: np.arange(rows),
+            LOGITS_INDICES: np.arange(rows),
         }
         # states reported after every row, as a verification call does (a hybrid target; else ignored)
         return timed(lambda: target.run([SequenceRows(SCRATCH, 0, rows)], inputs, [list(range(rows))]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ovbuild.errors import CacheExhaustedError
+from ovbuild.ir.ports import INPUT_IDS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.runtime.request import Request
@@ -46,7 +47,7 @@ def catch_up(target: PagedModel, requests: list[Request], max_rows: int) -> list
             last.append(len(ids) - 1)
         if not done:
             return []
-        out = target.run(rows, {"input_ids": ids, "position_ids": positions, "logits_indices": last})
+        out = target.run(rows, {INPUT_IDS: ids, POSITION_IDS: positions, LOGITS_INDICES: last})
         taps = np.array(out[TAPS])  # [rows, n * H]: a copy, the output tensor is the next call's
     finally:
         for i in range(len(done)):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ovbuild.errors import ConfigError, UnsupportedError
-from ovbuild.graph.ir import core
+from ovbuild.ir import core
 from ovbuild.runtime import machine
 from ovbuild.runtime.machine import cpu_runtime_precision
 from ovbuild.runtime.paged_model import KV_PRECISIONS

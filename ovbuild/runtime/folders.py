@@ -12,8 +12,9 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.contract import MODEL_FILE, DraftIR, Identity, Provenance, TargetIR
 from ovbuild.errors import CompatibilityError, ConfigError, ExportError, OvbuildError
+from ovbuild.ir import MODEL_FILE, DraftIR, Identity, Provenance, TargetIR
+from ovbuild.ir.ports import LOGITS, PAST_LENS, TAPS, TOKEN_TYPE_IDS
 from ovbuild.weights.target import parse_target_config
 
 
@@ -36,17 +37,17 @@ def describe(folder: str | Path, model: ov.Model) -> ExportedModel:
     folder, path = Path(folder), Path(folder) / MODEL_FILE
     inputs = {p.get_any_name(): p for p in model.inputs}
     outputs = {p.get_any_name(): p for p in model.outputs}
-    kind = Identity.from_model(model, path).kind or ("draft" if "token_type_ids" in inputs else "target")
+    kind = Identity.from_model(model, path).kind or ("draft" if TOKEN_TYPE_IDS in inputs else "target")
     ir = DraftIR.from_model(model, path) if kind == "draft" else TargetIR.from_model(model, path)
     genai = "genai" in (ir.form, Provenance.from_model(model, path).ir_format)
     return ExportedModel(
         folder=folder,
         kind=kind,
-        form="genai" if genai or "past_lens" not in inputs else "paged",
-        vocab_size=ir.vocab_size or _last_dim(outputs.get("logits")),
+        form="genai" if genai or PAST_LENS not in inputs else "paged",
+        vocab_size=ir.vocab_size or _last_dim(outputs.get(LOGITS)),
         hidden_size=ir.target_hidden_size if isinstance(ir, DraftIR) else ir.hidden_size,
         tap_layers=ir.target_layer_ids,
-        tap_width=_last_dim((inputs if kind == "draft" else outputs).get("hidden_states")),
+        tap_width=_last_dim((inputs if kind == "draft" else outputs).get(TAPS)),
         context_length=(None if isinstance(ir, DraftIR) else ir.context_length) or _config_context_length(folder),
     )
 

@@ -9,6 +9,15 @@ import numpy as np
 import openvino as ov
 
 from ovbuild.errors import CacheExhaustedError
+from ovbuild.ir.ports import (
+    BLOCK_INDICES,
+    BLOCK_INDICES_BEGINS,
+    CACHES,
+    MAX_CONTEXT_LEN,
+    PAST_LENS,
+    SUBSEQUENCE_BEGINS,
+    VALUE_CACHE,
+)
 from ovbuild.runtime.cache_manager import CacheManager
 
 
@@ -95,7 +104,7 @@ class BlockAllocator(CacheManager):
 def cache_block_size(compiled: ov.CompiledModel) -> int:
     """Tokens per cache block, as the compiled model lays its caches out."""
     for port in compiled.inputs:
-        if port.get_any_name().startswith("value_cache."):
+        if port.get_any_name().startswith(VALUE_CACHE):
             # value layout [blocks, kv_heads, block_size, head_dim (+ quant params)]
             return port.get_partial_shape()[2].get_length()
     return 32
@@ -119,7 +128,7 @@ class PagedKVCache:
         self.tensors: dict[str, ov.Tensor] = {}
         for port in compiled.inputs:
             name = port.get_any_name()
-            if not name.startswith(("key_cache.", "value_cache.")):
+            if not name.startswith(CACHES):
                 continue
             dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
             self.tensors[name] = ov.Tensor(port.get_element_type(), [num_blocks + extra, *dims])
@@ -147,9 +156,9 @@ class PagedKVCache:
         counts = [-(-end // size) for end in ends]  # blocks holding each sequence's rows 0..end-1
         blocks = [b for r, end, n in zip(rows, ends, counts, strict=True) for b in reserve(r.seq_id, end)[:n]]
         return {
-            "past_lens": [r.past_len for r in rows],
-            "subsequence_begins": [0, *accumulate([r.num_rows for r in rows])],
-            "block_indices": blocks,
-            "block_indices_begins": [0, *accumulate(counts)],
-            "max_context_len": max(ends, default=0),
+            PAST_LENS: [r.past_len for r in rows],
+            SUBSEQUENCE_BEGINS: [0, *accumulate([r.num_rows for r in rows])],
+            BLOCK_INDICES: blocks,
+            BLOCK_INDICES_BEGINS: [0, *accumulate(counts)],
+            MAX_CONTEXT_LEN: max(ends, default=0),
         }

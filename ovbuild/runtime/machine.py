@@ -37,7 +37,7 @@ def cpu_capabilities() -> list[str]:
     """The CPU plugin's OPTIMIZATION_CAPABILITIES (FP32, BF16, FP16, INT8, ...): what its kernels can compute in.
     Every rule that depends on them reads them here (as machine.cpu_capabilities(), or through cpu_math), so that a
     test can put the rule on another CPU's terms."""
-    from ovbuild.graph.ir import core
+    from ovbuild.ir import core
 
     return list(core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
 
@@ -59,7 +59,7 @@ def cpu_runtime_precision(capabilities: list[str], inference_precision: str | No
 
 def describe() -> str:
     """One line: CPU model, its kernel-relevant flags, and the CPU plugin's capabilities and default precision."""
-    from ovbuild.graph.ir import core
+    from ovbuild.ir import core
 
     flags = [f for f in FEATURES if f in cpu_flags()]
     caps = cpu_capabilities()

@@ -15,6 +15,7 @@ import bisect
 
 import numpy as np
 
+from ovbuild.ir.ports import COUNT, ROW_INPUTS
 from ovbuild.runtime.kv_cache import SequenceRows
 
 PAD_SEQUENCE = -2  # the sequence id padding rows run under (calibration's scratch sequence is -1)
@@ -25,9 +26,6 @@ WINDOW = 8  # recent calls whose largest row count a call is padded to
 # costs a third of its call (bench/bench_row_padding.py). A target's every row costs (on the demo target about a sixth
 # of a change at 1 row), and it keeps its row count while the draft length does: targets run unpadded.
 DRAFT_PADDING = (16, 1.0)
-# Per-row inputs of ovbuild's graphs and the value padding rows get (position_ids count 0.. within the padding).
-ROW_INPUTS = {"input_ids": 0, "token_type_ids": 0, "hidden_states": 0}
-ROW_OUTPUTS = ("hidden_states",)  # per-row outputs: cut back to the real rows
 
 
 class RowPadding:
@@ -59,17 +57,21 @@ def padding_rows(pad: int) -> SequenceRows:
 
 
 def pad_inputs(inputs: dict[str, np.ndarray], pad: int) -> dict[str, np.ndarray]:
-    """`inputs` with `pad` rows appended to every per-row input (position_ids 0..pad-1, the others ROW_INPUTS)."""
+    """`inputs` with `pad` rows appended to every per-row input (ovbuild.ir.ports.ROW_INPUTS), each filled as its
+    port declares."""
     padded = dict(inputs)
-    for name, value in inputs.items():
-        if type(value) is list and name in (*ROW_INPUTS, "position_ids"):
+    for port in ROW_INPUTS:
+        if port not in inputs:
+            continue
+        value = inputs[port]
+        if type(value) is list:
             # lists stay lists: the binder writes them straight into its buffers (ovbuild.runtime.binding)
-            padded[name] = value + (list(range(pad)) if name == "position_ids" else [ROW_INPUTS[name]] * pad)
+            padded[port] = value + (list(range(pad)) if port.fill == COUNT else [port.fill] * pad)
             continue
         value = np.asarray(value)
-        if name == "position_ids":
-            padded[name] = np.concatenate([value, np.arange(pad, dtype=value.dtype)])
-        elif name in ROW_INPUTS:
-            fill = np.full((pad, *value.shape[1:]), ROW_INPUTS[name], value.dtype)
-            padded[name] = np.concatenate([value, fill])
+        if port.fill == COUNT:
+            fill = np.arange(pad, dtype=value.dtype)
+        else:
+            fill = np.full((pad, *value.shape[1:]), port.fill, value.dtype)
+        padded[port] = np.concatenate([value, fill])
     return padded

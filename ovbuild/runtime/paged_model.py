@@ -9,15 +9,15 @@ from itertools import accumulate
 import numpy as np
 import openvino as ov
 
-from ovbuild.contract import gpu_activations_scale_factor
 from ovbuild.errors import UnsupportedError
-from ovbuild.graph.ir import core
+from ovbuild.ir import core, gpu_activations_scale_factor
+from ovbuild.ir.ports import CACHES, LOGITS, ROW_OUTPUTS, STATE_ROWS, TAPS
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
 from ovbuild.runtime.machine import cpu_math
 from ovbuild.runtime.narrow_weights import narrow_weights
-from ovbuild.runtime.padding import PAD_SEQUENCE, ROW_OUTPUTS, RowPadding, pad_inputs, padding_rows
+from ovbuild.runtime.padding import PAD_SEQUENCE, RowPadding, pad_inputs, padding_rows
 from ovbuild.runtime.state_pool import StatePool, state_specs
 from ovbuild.runtime.static_rows import (
     BUCKETS,
@@ -36,7 +36,6 @@ INFERENCE_PRECISIONS = ("f32", "bf16", "f16")  # INFERENCE_PRECISION_HINT values
 # most STATE_SHARE of the budget (the KV blocks get the rest; admission waits for both).
 DEFAULT_STATE_SLOTS = 32
 STATE_SHARE = 0.5
-TAPS = "hidden_states"  # a target's taps output: the hidden states of the layers its draft reads
 
 
 def compile_config(
@@ -216,7 +215,7 @@ class PagedModel:
     @property
     def vocab_size(self) -> int | None:
         """Width of the `logits` output: the token ids the model knows are 0..vocab_size-1 (None if not static)."""
-        port = next((o for o in self.compiled.outputs if o.get_any_name() == "logits"), None)
+        port = next((o for o in self.compiled.outputs if o.get_any_name() == LOGITS), None)
         dim = port.get_partial_shape()[-1] if port is not None else None
         return dim.get_length() if dim is not None and dim.is_static else None
 
@@ -280,7 +279,7 @@ class PagedModel:
         if pad:
             rows, inputs = [*rows, padding_rows(pad)], pad_inputs(inputs, pad)
         layout = self.cache.layout(rows)
-        pooled = self.states is not None and "state_rows" not in inputs
+        pooled = self.states is not None and STATE_ROWS not in inputs
         if pooled:
             layout |= self.states.inputs(rows, state_rows)
         binder.bind(inputs | layout)
@@ -346,7 +345,7 @@ def block_bytes(compiled: ov.CompiledModel) -> int:
     """Bytes one cache block takes across all layers' key and value caches, in the compiled precision."""
     total = 0
     for port in compiled.inputs:
-        if port.get_any_name().startswith(("key_cache.", "value_cache.")):
+        if port.get_any_name().startswith(CACHES):
             dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
             total += int(np.prod(dims)) * port.get_element_type().bitwidth // 8
     return max(total, 1)

@@ -10,10 +10,9 @@ import numpy as np
 import openvino as ov
 from tokenizers import Tokenizer
 
-from ovbuild.contract import MODEL_FILE, Identity
 from ovbuild.errors import ConfigError, ExportError, RequestError
 from ovbuild.families import DRAFTERS
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import MODEL_FILE, Identity, read_ir
 from ovbuild.runtime.devices import (
     check_device,
     check_kv_precision,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
+from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
@@ -200,7 +201,7 @@ class Scheduler:
         compiled, start = self.target.compile_s, time.perf_counter()
         out = self.target.run(
             rows,
-            {"input_ids": ids, "position_ids": positions, "logits_indices": wanted},  # lists: see InputBinder
+            {INPUT_IDS: ids, POSITION_IDS: positions, LOGITS_INDICES: wanted},  # lists: see InputBinder
             state_rows,
             taps,
         )
@@ -211,8 +212,8 @@ class Scheduler:
             # A call that compiled a copy for its row count (and ran it first, allocating its memory) is a one-off,
             # 10-20x a steady call on the demo pair: a cost curve that kept it never drafted at that size again.
             self.speculation.target_cost.observe(len(ids), seconds)
-        greedy = out["greedy_ids"].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
-        logits = out["logits"]  # [R, V], a view of the output tensor: only sampling requests read their rows
+        greedy = out[GREEDY_IDS].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
+        logits = out[LOGITS]  # [R, V], a view of the output tensor: only sampling requests read their rows
         hidden = out.get(TAPS) if taps else None
         if hidden is not None:
             hidden = hidden.copy()  # one copy per call: the requests keep slices of it for the draft

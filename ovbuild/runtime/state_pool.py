@@ -20,10 +20,8 @@ import numpy as np
 import openvino as ov
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
+from ovbuild.ir.ports import STATE_OUTPUT_OF, STATE_ROWS, STATES
 from ovbuild.runtime.kv_cache import SequenceRows
-
-STATE_PREFIXES = ("conv_state.", "recurrent_state.")
-OUT_SUFFIX = "_out"  # conv_state.N -> conv_state_out.N
 
 
 @dataclass(frozen=True)
@@ -41,10 +39,10 @@ def state_specs(compiled: ov.CompiledModel | ov.Model) -> list[StateSpec]:
     specs = []
     for port in compiled.inputs:
         name = port.get_any_name()
-        if not name.startswith(STATE_PREFIXES):
+        state = next((s for s in STATES if s.matches(name)), None)
+        if state is None:
             continue
-        kind, layer = name.split(".", 1)
-        output = f"{kind}{OUT_SUFFIX}.{layer}"
+        output = STATE_OUTPUT_OF[state].of(name[len(state) :])
         dims = list(port.get_partial_shape())[1:]
         if output not in outputs or not all(d.is_static for d in dims):
             raise UnsupportedError(f"state input '{name}': needs static per-sequence dims and an output '{output}'")
@@ -115,7 +113,7 @@ class StatePool:
                 reported[row] = len(packed)
                 packed.append(begin + row)
             begin += r.num_rows
-        inputs["state_rows"] = np.array(packed, np.int64)  # [Q]
+        inputs[STATE_ROWS] = np.array(packed, np.int64)  # [Q]
         self._outputs = {}
         return inputs
 

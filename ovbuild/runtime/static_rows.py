@@ -25,10 +25,10 @@ import numpy as np
 import openvino as ov
 
 from ovbuild.errors import UnsupportedError
-from ovbuild.graph.ir import core
+from ovbuild.ir import core
+from ovbuild.ir.ports import INDEX_INPUTS, ROW_INPUTS, ROW_OUTPUTS
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.padding import ROW_INPUTS, ROW_OUTPUTS
 
 BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pads at most a third of its rows
 # Each copy holds its own weights (the plugin repacks them per compiled model): a copy takes about twice its IR's
@@ -36,8 +36,6 @@ BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pa
 # still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths), but models with more weights than
 # this run dynamic only: 11 copies of them would cost more than a gigabyte.
 MAX_WEIGHT_BYTES = 32 << 20
-PER_ROW = (*ROW_INPUTS, "position_ids")  # inputs with one entry per row: the copies fix their first dimension
-INDEX_INPUTS = ("logits_indices", "candidate_indices")  # inputs naming rows; every output but ROW_OUTPUTS follows them
 
 
 def weight_bytes(model: ov.Model) -> int:
@@ -132,7 +130,7 @@ def compiled_properties(compiled: ov.CompiledModel, device: str) -> dict:
 
 def row_inputs(model: ov.Model) -> list[ov.Output]:
     """The model's inputs with one entry per row."""
-    return [p for p in model.inputs if p.get_any_name() in PER_ROW]
+    return [p for p in model.inputs if p.get_any_name() in ROW_INPUTS]
 
 
 def part_inputs(inputs: dict, offsets: list[int], rows: list[SequenceRows], part: list[int]) -> tuple[dict, np.ndarray]:
@@ -141,7 +139,7 @@ def part_inputs(inputs: dict, offsets: list[int], rows: list[SequenceRows], part
     held = np.concatenate([np.arange(offsets[i], offsets[i] + rows[i].num_rows) for i in part])
     local = {}
     for name, value in inputs.items():
-        if name in PER_ROW:
+        if name in ROW_INPUTS:
             local[name] = np.asarray(value)[held]
         elif name in INDEX_INPUTS:
             index = np.asarray(value)

@@ -15,7 +15,6 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import WeightStorage, write_rt_info
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_layer, norm
@@ -24,6 +23,15 @@ from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, const, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import WeightStorage, write_rt_info
+from ovbuild.ir.ports import (
+    ATTENTION_MASK,
+    GENAI_POSITION_IDS,
+    GENAI_TAPS_IN,
+    INPUTS_EMBEDS,
+    LAST_HIDDEN_STATE,
+    TOKEN_TYPE_IDS,
+)
 from ovbuild.weights.draft_config import DraftConfig
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -34,10 +42,10 @@ def build_genai_draft(cfg: DraftConfig, weights: WeightSource, policy: WeightPol
     """The stateful DFlash v1 draft IR GenAI's DFlash pipeline drives (batch 1, one request)."""
     check_genai_draft(cfg)
     h, width = cfg.hidden_size, cfg.num_taps * cfg.target_hidden_size
-    inputs_embeds = parameter("inputs_embeds", [-1, -1, h], ov.Type.f32)
-    hidden_states = parameter("hidden_states", [-1, -1, width], ov.Type.f32)
-    position_ids = parameter("position_ids", [-1, -1], ov.Type.i64)
-    attention_mask = parameter("attention_mask", [-1, -1], ov.Type.i64)
+    inputs_embeds = parameter(INPUTS_EMBEDS, [-1, -1, h])
+    hidden_states = parameter(GENAI_TAPS_IN, [-1, -1, width])
+    position_ids = parameter(GENAI_POSITION_IDS, [-1, -1])
+    attention_mask = parameter(ATTENTION_MASK, [-1, -1])
 
     taps = ops.reshape(hidden_states, i64([-1, width]), False).output(0)  # [C, n * Ht]
     block = ops.reshape(inputs_embeds, i64([-1, h]), False).output(0)  # [Q, H]
@@ -54,7 +62,7 @@ def build_genai_draft(cfg: DraftConfig, weights: WeightSource, policy: WeightPol
     candidates = ops.slice(x, i64([1]), i64([END]), i64([1]), i64([0]))  # [Q - 1, H]: seed dropped
     out = ops.unsqueeze(norm(ctx, candidates, "norm"), i64([0]))  # [1, Q - 1, H]
     params = [inputs_embeds, hidden_states, position_ids, attention_mask]
-    model = ov.Model([result(out, "last_hidden_state")], attention.sinks, params, f"ovbuild_{cfg.family}_draft_genai")
+    model = ov.Model([result(out, LAST_HIDDEN_STATE)], attention.sinks, params, f"ovbuild_{cfg.family}_draft_genai")
     # The GenAI form has always recorded the weight format alone (optimum's sym / group size are not written).
     write_rt_info(model, draft_ir(cfg, form="genai"), WeightStorage(ctx.policy.weight_format))
     return model
@@ -69,7 +77,7 @@ class StatefulRows:
     def split(self) -> tuple[Output, Output]:
         context = ops.broadcast(const(0, np.int32), self.n_ctx)  # [C]
         block = ops.broadcast(const(1, np.int32), self.n_block)  # [Q]
-        token_type_ids = named(ops.concat([context, block], 0), "token_type_ids")  # [C + Q]
+        token_type_ids = named(ops.concat([context, block], 0), TOKEN_TYPE_IDS)  # [C + Q]
         first, end = ops.squeeze(self.n_ctx, i64(0)), ops.squeeze(ops.add(self.n_ctx, self.n_block), i64(0))  # [], []
         block_rows = named(ops.range(first, end, i64(1), ov.Type.i64), "block_rows")  # [Q]: C .. C + Q - 1
         return token_type_ids, block_rows  # [C + Q], [Q]

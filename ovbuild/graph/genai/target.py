@@ -11,8 +11,6 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset16 as ops
 
-from ovbuild.contract import LOCATORS_KEY as LOCATORS_KEY  # GenAI's locator key, re-exported
-from ovbuild.contract import HeadGeometry, TargetIR, WeightStorage, write_rt_info
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import decoder_stack, embedding, lm_head
@@ -20,6 +18,8 @@ from ovbuild.graph.genai.sdpa import StatefulSDPA
 from ovbuild.graph.ops import Output, i64, named, parameter, result
 from ovbuild.graph.rope import rotary_tables
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import HeadGeometry, TargetIR, WeightStorage, write_rt_info
+from ovbuild.ir.ports import ATTENTION_MASK, BEAM_IDX, GENAI_INPUT_IDS, GENAI_POSITION_IDS, LOGITS
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
@@ -27,10 +27,10 @@ from ovbuild.weights.tensor_names import WeightSource
 def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightPolicy | None = None) -> ov.Model:
     """The stateful SDPA target IR, with a hidden-state locator for every layer (GenAI ignores those not tapped)."""
     check_genai_target(cfg)
-    input_ids = parameter("input_ids", [-1, -1], ov.Type.i64)
-    attention_mask = parameter("attention_mask", [-1, -1], ov.Type.i64)
-    position_ids = parameter("position_ids", [-1, -1], ov.Type.i64)
-    beam_idx = parameter("beam_idx", [-1], ov.Type.i32)
+    input_ids = parameter(GENAI_INPUT_IDS, [-1, -1])
+    attention_mask = parameter(ATTENTION_MASK, [-1, -1])
+    position_ids = parameter(GENAI_POSITION_IDS, [-1, -1])
+    beam_idx = parameter(BEAM_IDX, [-1])
     batch_seq = named(ops.shape_of(input_ids), "batch_seq")  # [2]: B, S
     attention = StatefulSDPA(batch_seq, attention_mask.output(0), beam_idx=beam_idx.output(0))
     positions = ops.reshape(position_ids, i64([-1]), False).output(0)  # [T]
@@ -53,7 +53,7 @@ def build_genai_target(cfg: TargetConfig, weights: WeightSource, policy: WeightP
     locators[cfg.num_layers - 1] = h.get_node().get_friendly_name()
     logits = lm_head(ctx, weights, h)  # [B, S, V], the MatMul itself feeds the Result (GenAI grafts its weight)
     model = ov.Model(
-        [result(logits, "logits")],
+        [result(logits, LOGITS)],
         attention.sinks,
         [input_ids, attention_mask, position_ids, beam_idx],
         "ovbuild_qwen3_target_genai",

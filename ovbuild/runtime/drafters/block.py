@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from ovbuild.contract import DraftIR
-from ovbuild.graph.ir import read_ir
+from ovbuild.ir import DraftIR, read_ir
+from ovbuild.ir.ports import CANDIDATE_INDICES, GREEDY_IDS, INPUT_IDS, LOGITS, POSITION_IDS, TAPS_IN, TOKEN_TYPE_IDS
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, sampled_proposal
 from ovbuild.runtime.kv_cache import SequenceRows
@@ -40,7 +40,7 @@ class BlockDrafter(Drafter):
         self.block_size, self.mask_token_id = self.ir.block_size, self.ir.mask_token_id
         self.candidate_offset, self.target_layer_ids = self.ir.candidate_offset, self.ir.target_layer_ids
         self.max_candidates = self.block_size - self.candidate_offset
-        self.tap_width = model.input("hidden_states").get_partial_shape()[1].get_length()
+        self.tap_width = model.input(TAPS_IN).get_partial_shape()[1].get_length()
         # a draft call's context rows (each request's accepted rows) change every step: its calls run padded
         self.model = PagedModel(
             model,
@@ -99,7 +99,7 @@ class BlockDrafter(Drafter):
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
     ) -> list[list[int]]:
         """The first `num_tokens` candidate rows of each block: their argmax, or draws for a sampling request."""
-        best, logits = outputs["greedy_ids"], outputs["logits"]  # [R], [R, V]
+        best, logits = outputs[GREEDY_IDS], outputs[LOGITS]  # [R], [R, V]
         proposals = []
         for i, item in enumerate(items):
             rows = slice(candidate_begins[i], candidate_begins[i + 1])
@@ -133,11 +133,11 @@ class BlockDrafter(Drafter):
                 ids += [mask] * n_ctx
             candidate_begins.append(len(candidates))
         inputs = {
-            "input_ids": np.array(ids, np.int64),
-            "token_type_ids": np.array(token_types, np.int32),
-            "hidden_states": hidden,
-            "position_ids": np.array(positions, np.int64),
-            "candidate_indices": np.array(candidates, np.int64),
+            INPUT_IDS: np.array(ids, np.int64),
+            TOKEN_TYPE_IDS: np.array(token_types, np.int32),
+            TAPS_IN: hidden,
+            POSITION_IDS: np.array(positions, np.int64),
+            CANDIDATE_INDICES: np.array(candidates, np.int64),
         }
         return inputs, np.array(candidate_begins)
 

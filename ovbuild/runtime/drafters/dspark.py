@@ -13,6 +13,15 @@ import numpy as np
 import openvino as ov
 
 from ovbuild.errors import ConfigError, UnsupportedError
+from ovbuild.ir.ports import (
+    CANDIDATE_IDS,
+    CHAIN_IDS,
+    CONFIDENCE,
+    EDGE_SCORES,
+    GREEDY_IDS,
+    LOGITS,
+    PREDECESSOR_CONFIDENCE,
+)
 from ovbuild.runtime.drafters.base import DrafterOption, DraftItem, sampled_proposal
 from ovbuild.runtime.drafters.markov import MarkovDrafter
 from ovbuild.runtime.lattice import walk_tokens
@@ -60,7 +69,7 @@ class DSparkDrafter(MarkovDrafter):
                 "(rebuild the head with the lattice: ovbuild.graph.dspark.build_lattice_markov_head)"
             )
         outputs = {o.get_any_name() for o in model.outputs} | self.head_outputs
-        if confidence_threshold > 0 and "confidence" not in outputs and "predecessor_confidence" not in outputs:
+        if confidence_threshold > 0 and CONFIDENCE not in outputs and PREDECESSOR_CONFIDENCE not in outputs:
             raise UnsupportedError(f"confidence_threshold = {confidence_threshold}: this draft has no confidence head")
 
     def choose(
@@ -71,22 +80,22 @@ class DSparkDrafter(MarkovDrafter):
             return [[] for _ in items]
         if self.head is not None:
             outputs = {**outputs, **self.run_head(items, outputs, candidate_begins)}
-        confidence = outputs.get("confidence")  # [R]
+        confidence = outputs.get(CONFIDENCE)  # [R]
         if self.head is None:
-            tokens = outputs["greedy_ids"]
+            tokens = outputs[GREEDY_IDS]
         elif self.markov_mode == "chain":
-            tokens = outputs["chain_ids"]
+            tokens = outputs[CHAIN_IDS]
         else:
-            tokens, chosen = walk_tokens(outputs["candidate_ids"], outputs["edge_scores"], candidate_begins)  # [R], [R]
-            if "predecessor_confidence" in outputs:
+            tokens, chosen = walk_tokens(outputs[CANDIDATE_IDS], outputs[EDGE_SCORES], candidate_begins)  # [R], [R]
+            if PREDECESSOR_CONFIDENCE in outputs:
                 previous = previous_choice(chosen, candidate_begins)  # [R]
-                confidence = np.take_along_axis(outputs["predecessor_confidence"], previous[:, None], -1)[:, 0]
+                confidence = np.take_along_axis(outputs[PREDECESSOR_CONFIDENCE], previous[:, None], -1)[:, 0]
         proposals = []
         for i, item in enumerate(items):
             b, e = candidate_begins[i], candidate_begins[i + 1]
             keep = confident_rows(confidence[b:e], self.confidence_threshold) if confidence is not None else e - b
             if self.head is None and item.sampling is not None and item.num_tokens > 0:
-                proposals.append(sampled_proposal(item, outputs["logits"][b:e]).head(keep))
+                proposals.append(sampled_proposal(item, outputs[LOGITS][b:e]).head(keep))
             else:
                 proposals.append(tokens[b:e][: min(keep, item.num_tokens)].tolist())
         return proposals

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 
-from ovbuild.contract import MARKOV_HEAD_STEM
 from ovbuild.errors import ConfigError
+from ovbuild.ir import MARKOV_HEAD_STEM
+from ovbuild.ir.ports import CANDIDATE_IDS, EDGE_SCORES
 from ovbuild.runtime.drafters.base import DraftItem
 from ovbuild.runtime.drafters.markov import MarkovDrafter
 from ovbuild.runtime.lattice import greedy_walk
@@ -30,5 +31,5 @@ class LatticeDrafter(MarkovDrafter):
         if candidate_begins[-1] == 0:
             return [[] for _ in items]
         lattice = self.run_head(items, outputs, candidate_begins)
-        paths = greedy_walk(lattice["candidate_ids"], lattice["edge_scores"], candidate_begins)
+        paths = greedy_walk(lattice[CANDIDATE_IDS], lattice[EDGE_SCORES], candidate_begins)
         return [path[: item.num_tokens].tolist() for path, item in zip(paths, items, strict=True)]

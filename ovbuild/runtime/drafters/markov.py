@@ -12,8 +12,15 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from ovbuild.contract import MODEL_FILE, DraftIR, MarkovHeadIR
-from ovbuild.graph.ir import core, read_ir
+from ovbuild.ir import MODEL_FILE, DraftIR, MarkovHeadIR, core, read_ir
+from ovbuild.ir.ports import (
+    CANDIDATE_BEGINS,
+    DRAFT_HIDDEN_STATES,
+    HEAD_LOGITS,
+    LAST_HIDDEN_STATE,
+    LOGITS,
+    PREV_TOKEN_IDS,
+)
 from ovbuild.runtime.drafters.base import DraftItem
 from ovbuild.runtime.drafters.block import BlockDrafter
 
@@ -67,10 +74,10 @@ class MarkovDrafter(BlockDrafter):
         """The head's outputs for the candidate rows of the backbone's `outputs` (each sequence starting from its
         anchor), by name."""
         inputs = {
-            "logits": outputs["logits"],
-            "draft_hidden_states": outputs["last_hidden_state"],
-            "prev_token_ids": np.array([item.anchor or 0 for item in items], np.int64),
-            "candidate_begins": candidate_begins.astype(np.int32),
+            HEAD_LOGITS: outputs[LOGITS],
+            DRAFT_HIDDEN_STATES: outputs[LAST_HIDDEN_STATE],
+            PREV_TOKEN_IDS: np.array([item.anchor or 0 for item in items], np.int64),
+            CANDIDATE_BEGINS: candidate_begins.astype(np.int32),
         }
         start = time.perf_counter()
         # shared inputs: infer() would otherwise copy the backbone's logits (rows x vocab) into the head's request

@@ -1,4 +1,5 @@
-"""IR on disk: save a built model, and read one back with what the IR format drops restored."""
+"""IR files on disk: their names in an exported folder, saving a built model, and reading one back with what the IR
+format drops restored; the process-wide Core every reader and compiler shares."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.contract import MODEL_FILE, HeadGeometry
 from ovbuild.errors import ExportError
-from ovbuild.graph.paged_attention import set_head_geometry
+from ovbuild.ir.records import HeadGeometry
+
+MODEL_STEM = "openvino_model"  # the main IR of every folder: a target, or a draft's backbone
+MODEL_FILE = f"{MODEL_STEM}.xml"
+MARKOV_HEAD_STEM = "openvino_markov_head_model"  # a draft's Markov head, named by its backbone's rt_info
+TOKENIZER_IRS = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
+PAGED_ATTENTION = "PagedAttentionExtension"  # the op type of a paged IR's attention nodes
 
 _core: ov.Core | None = None
 
@@ -56,9 +62,16 @@ def last_line(e: Exception) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
+def set_head_geometry(node: ov.Node, num_kv_heads: int, head_dim: int) -> None:
+    """The CPU plugin requires this node rt_info, and IR files drop it: set at build and again after reading."""
+    rt = node.get_rt_info()
+    rt["num_k_heads"], rt["k_head_size"] = num_kv_heads, head_dim
+    rt["num_v_heads"], rt["v_head_size"] = num_kv_heads, head_dim
+
+
 def restore_paged_attention(model: ov.Model, path: str | Path | None = None) -> None:
     """Re-attach head geometry to every PagedAttention node from the model's rt_info (`path`: named in errors)."""
-    nodes = [n for n in model.get_ops() if n.get_type_name() == "PagedAttentionExtension"]
+    nodes = [n for n in model.get_ops() if n.get_type_name() == PAGED_ATTENTION]
     if not nodes:
         return
     heads = HeadGeometry.from_model(model, path, required=True)
