@@ -23,8 +23,8 @@ from pathlib import Path
 from ovbuild.families import build_draft_models, load_draft
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import save_ir
+from ovbuild.targets import load_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from shapes import write_draft, write_target
 

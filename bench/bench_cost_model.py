@@ -42,7 +42,6 @@ import numpy as np
 
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
@@ -51,10 +50,10 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, Speculation
+from ovbuild.targets import build_paged_target, load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from shapes import QWEN3_4B_DFLASH_B16, QWEN36_SCALED_DFLASH, write_draft, write_hybrid_target, write_target
 

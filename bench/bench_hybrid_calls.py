@@ -27,14 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.state_pool import StatePool
+from ovbuild.targets import build_paged_target, load_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from shapes import QWEN36_SCALED, write_hybrid_target
 

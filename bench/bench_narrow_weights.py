@@ -33,13 +33,12 @@ import numpy as np
 
 from ovbuild.demo import shipped_pair
 from ovbuild.families import load_draft
-from ovbuild.graph.targets import build_paged_target
 from ovbuild.runtime import narrow_weights, paged_model
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.targets import build_paged_target, load_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from shapes import QWEN3_4B, write_target
 

@@ -31,7 +31,7 @@ from ovbuild.runtime.drafters.block import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.padding import DRAFT_PADDING
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.paged_model import DynamicExecutor, PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 
@@ -129,7 +129,8 @@ def main() -> None:
             "padded": Pipeline(target_dir, draft_dir, options),
             "unpadded": Pipeline(target_dir, draft_dir, options),
         }
-        pipelines["unpadded"].drafter.model.padding = None
+        unpadded = pipelines["unpadded"].drafter.model
+        unpadded.executor = DynamicExecutor(unpadded)
         prompts = [pipelines["padded"].encode(p) for p in DEMO_PROMPTS]
 
         def draft_per_step(pipeline: Pipeline, k: int) -> list[float]:

@@ -23,9 +23,9 @@ from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import Speculation
+from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 
 def run(target_model, draft_model, prompts, new_tokens, options, repeats):

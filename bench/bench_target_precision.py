@@ -26,7 +26,6 @@ import numpy as np
 
 from ovbuild.demo import shipped_pair
 from ovbuild.export import export
-from ovbuild.graph.targets import build_paged_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import read_ir
 from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
@@ -34,8 +33,8 @@ from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
+from ovbuild.targets import build_paged_target, load_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from bench_row_padding import export_pair
 from bench_vs_genai import PROMPTS

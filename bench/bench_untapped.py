@@ -31,7 +31,7 @@ from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
-from ovbuild.runtime.static_rows import BUCKETS
+from ovbuild.runtime.static_rows import COPY_ROWS as BUCKETS
 
 from bench_target_precision import serve_side_by_side
 

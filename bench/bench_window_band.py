@@ -30,9 +30,9 @@ from ovbuild.graph.dflash2 import build_dflash2_draft
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.targets import load_target
 from ovbuild.testing import TINY_DFLASH2, write_tiny_dflash2, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 GEOMETRY = dict(hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
 BLOCK = 8

@@ -1,6 +1,6 @@
 """ovbuild: OpenVINO graphs for DFlash-family speculative-decoding drafts, built natively from safetensors."""
 
-__version__ = "0.1.0"
+from ovbuild.version import __version__
 
 __all__ = ["LLM", "__version__"]
 

@@ -1,9 +1,10 @@
 """Draft families, each declared once with every part ovbuild needs of it; every per-family table derives from here.
 
-A family's parts live one per layer (checkpoint layouts and config in `weights/families/`, graph builders in
-`graph/`, numpy reference in `runtime/reference/`, drafter in `runtime/drafters/`, tiny checkpoints in `testing/`);
-its declaration below ties them together, so no lower layer keeps a table of families. This module sits above all of
-them. `tests/test_families.py` checks that every family provides every part; adding one: docs/adding_a_model.md.
+This is the build side of a family: checkpoint layouts and config (`weights/families/`), graph builders per IR
+format (`graph/`) and tiny checkpoints (`testing/`). Its runtime side is its drafter plug-in, registered by family
+name in `ovbuild.runtime.drafters` (the runtime never imports this module), and its numpy reference is registered
+with it from the testing side (`ovbuild.testing.references`). `tests/test_families.py` checks that every family
+provides every part; adding one: docs/adding_a_model.md.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from ovbuild.graph.dspark import build_dspark_models
 from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import MODEL_STEM
-from ovbuild.runtime.drafters import BlockDrafter, Drafter, DrafterOption, DSparkDrafter, LatticeDrafter
-from ovbuild.runtime.reference import DFlash2Reference, DFlashReference, DSparkReference
 from ovbuild.testing.tiny import write_tiny_dflash
 from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2
 from ovbuild.testing.tiny_dspark import DSPARK_KINDS, write_tiny_dspark
@@ -46,14 +45,12 @@ DraftBuilder = Callable[[DraftConfig, WeightSource, WeightSource | None, WeightP
 
 @dataclass(frozen=True)
 class Family:
-    """One draft family: how its checkpoints are read, built in each IR format, checked, run and faked."""
+    """One draft family, build side: how its checkpoints are read, built in each IR format and faked."""
 
     name: str  # DraftConfig.family and the IRs' `ovbuild/family`
     layouts: tuple[CheckpointLayout, ...]  # the checkpoint layouts it reads (architecture names, parser, names)
     config: type[DraftConfig]  # the class its parser returns
     builders: Mapping[str, DraftBuilder]  # IR format (export.ir_formats.IR_FORMATS) -> the folder's IRs
-    reference: type  # numpy model of its graphs: reference(cfg, draft weights, target weights)
-    drafter: type[Drafter]  # runtime plug-in; its OPTIONS become RuntimeOptions.draft_options and CLI flags
     tiny: Mapping[str, Callable[[Path], Path]]  # tiny checkpoint writers by name, one per published kind
 
 
@@ -68,8 +65,6 @@ DFLASH = Family(
     layouts=(DFLASH_LAYOUT, MUSE_GLIMMER),
     config=DraftConfig,
     builders={"paged": build_dflash_models, "genai": _genai_draft},
-    reference=DFlashReference,
-    drafter=BlockDrafter,
     tiny={"dflash": write_tiny_dflash},
 )
 DFLASH2 = Family(
@@ -77,8 +72,6 @@ DFLASH2 = Family(
     layouts=(DFLASH2_LAYOUT,),
     config=DFlash2Config,
     builders={"paged": build_dflash2_models},
-    reference=DFlash2Reference,
-    drafter=LatticeDrafter,
     tiny={"dflash2": write_tiny_dflash2},
 )
 DSPARK = Family(
@@ -86,8 +79,6 @@ DSPARK = Family(
     layouts=(DSPARK_LAYOUT,),
     config=DSparkConfig,
     builders={"paged": build_dspark_models},
-    reference=DSparkReference,
-    drafter=DSparkDrafter,
     tiny={f"dspark_{kind}": partial(write_tiny_dspark, kind=kind) for kind in DSPARK_KINDS},
 )
 
@@ -98,10 +89,6 @@ FAMILIES: tuple[Family, ...] = (DFLASH, DFLASH2, DSPARK)
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 LAYOUTS: tuple[CheckpointLayout, ...] = tuple(layout for f in FAMILIES for layout in f.layouts)
 DRAFT_ARCHITECTURES: tuple[str, ...] = tuple(sorted({a for layout in LAYOUTS for a in layout.architectures}))
-DRAFTERS: dict[str, type[Drafter]] = {f.name: f.drafter for f in FAMILIES}
-DRAFT_REFERENCES: dict[str, type] = {f.name: f.reference for f in FAMILIES}
-# Every drafter option once: families whose drafters share an option name declare it alike (tested).
-DRAFTER_OPTIONS: tuple[DrafterOption, ...] = tuple({o.name: o for f in FAMILIES for o in f.drafter.OPTIONS}.values())
 
 
 def family(name: str) -> Family:

@@ -8,9 +8,9 @@ from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.runtime import machine
+from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 
 @pytest.fixture(scope="session")

@@ -22,15 +22,15 @@ from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy, stored_constant
 from ovbuild.ir import core, read_ir, save_ir
 from ovbuild.ir.rt_info import get_rt_info
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.qwen3 import Qwen3Reference
+from ovbuild.reference.weights import ReferenceWeights
 from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
-from ovbuild.runtime.reference.weights import ReferenceWeights
+from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.dtypes import bf16_to_f32, f32_to_bf16
-from ovbuild.weights.target import load_target
 from ovbuild.weights.tensor import WeightTensor
 from ovbuild.weights.tensor_names import WeightSource
 

@@ -9,10 +9,10 @@ import pytest
 
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.families import detect_layout
+from ovbuild.targets import parse_target_config
 from ovbuild.testing import TINY_DRAFT, TINY_TARGET
 from ovbuild.weights.draft_config import default_target_layer_ids
 from ovbuild.weights.rope import RopeConfig
-from ovbuild.weights.target import parse_target_config
 
 
 def draft_config(**changes):

@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ovbuild.families import DRAFT_REFERENCES, build_draft_models, load_draft
+from ovbuild.families import build_draft_models, load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
+from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.targets import load_target, parse_target_config
 from ovbuild.testing import (
     F32_NMSE,
     TINY_TARGET,
@@ -24,9 +25,9 @@ from ovbuild.testing import (
     write_tiny_dspark,
     write_tiny_target,
 )
+from ovbuild.testing.references import REFERENCES as DRAFT_REFERENCES
 from ovbuild.testing.tokenizer import MASK_ID
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target, parse_target_config
 
 from paged_helpers import run_draft, run_target
 

@@ -9,7 +9,7 @@ import pytest
 from ovbuild.graph.conv import block_row_index, grouped_dynamic_conv, tap_masks
 from ovbuild.graph.ops import parameter, result
 from ovbuild.ir import core
-from ovbuild.runtime.reference.dflash2 import grouped_dynamic_conv as conv_loop
+from ovbuild.reference.dflash2 import grouped_dynamic_conv as conv_loop
 from ovbuild.testing import F32_NMSE, nmse
 
 HIDDEN, GROUP_SIZE = 64, 16

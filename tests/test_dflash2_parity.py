@@ -13,12 +13,12 @@ from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import core, read_ir, save_ir
 from ovbuild.ir.rt_info import get_rt_info
+from ovbuild.reference.dflash2 import DFlash2Reference
+from ovbuild.reference.dflash2 import greedy_walk as reference_walk
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.lattice import greedy_walk
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dflash2 import DFlash2Reference
-from ovbuild.runtime.reference.dflash2 import greedy_walk as reference_walk
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash2, write_tiny_dflash2_short_window
 from ovbuild.weights.checkpoint import Checkpoint
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ovbuild.families import DFLASH, DRAFT_REFERENCES, DRAFTERS, DSPARK, build_draft_models, load_draft
-from ovbuild.runtime.drafters import DraftItem
+from ovbuild.families import DFLASH, DSPARK, build_draft_models, load_draft
+from ovbuild.runtime.drafters import DRAFTERS, DraftItem
+from ovbuild.testing.references import REFERENCES as DRAFT_REFERENCES
 from ovbuild.weights.checkpoint import Checkpoint
 
 WRITERS = {"dflash": DFLASH.tiny["dflash"], "deepspec_dflash": DSPARK.tiny["dspark_deepspec_dflash"]}  # no heads

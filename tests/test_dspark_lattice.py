@@ -12,10 +12,10 @@ from ovbuild.graph.dspark import build_dspark_draft, build_lattice_markov_head
 from ovbuild.graph.target import build_target
 from ovbuild.ir import core
 from ovbuild.ir.rt_info import get_rt_info
+from ovbuild.reference.dflash2 import greedy_walk
+from ovbuild.reference.dspark import DSparkReference, confident_prefix
 from ovbuild.runtime.drafters import DraftItem, DSparkDrafter
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dflash2 import greedy_walk
-from ovbuild.runtime.reference.dspark import DSparkReference, confident_prefix
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import F32_NMSE, nmse

@@ -7,15 +7,16 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from ovbuild.families import DRAFT_REFERENCES, build_draft_models
+from ovbuild.families import build_draft_models
 from ovbuild.graph.dspark import MARKOV_HEAD, build_dspark_draft, build_markov_head
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import core
 from ovbuild.ir.rt_info import get_rt_info
+from ovbuild.reference.dspark import DSparkReference, sigmoid
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dspark import DSparkReference, sigmoid
 from ovbuild.testing import F32_NMSE
+from ovbuild.testing.references import REFERENCES as DRAFT_REFERENCES
 
 from dspark_helpers import SCHEDULE, load_kind, pack_blocks, run_head
 from paged_helpers import run_draft

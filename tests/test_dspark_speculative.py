@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import ConfigError, UnsupportedError
-from ovbuild.families import DRAFTERS, build_draft_models
+from ovbuild.families import build_draft_models
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.dspark import MARKOV_HEAD, build_dspark_draft, build_markov_head
 from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
-from ovbuild.runtime.drafters import DraftItem, DSparkDrafter
+from ovbuild.reference.dspark import DSparkReference, confident_prefix
+from ovbuild.runtime.drafters import DRAFTERS, DraftItem, DSparkDrafter
 from ovbuild.runtime.drafters.dspark import confident_rows
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
-from ovbuild.runtime.reference.dspark import DSparkReference, confident_prefix
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import TINY_TARGET

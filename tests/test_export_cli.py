@@ -22,9 +22,9 @@ from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import core, read_ir
 from ovbuild.ir.rt_info import get_rt_info
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.testing import F32_NMSE
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.safetensors_file import SafetensorsFile, write_safetensors

@@ -1,5 +1,6 @@
 """Every declared draft family provides every part (checkpoint layouts, config class, a builder per IR format it has,
-numpy reference, drafter and its options, tiny checkpoints), and the parts fit together: each tiny checkpoint is read
+tiny checkpoints; from the runtime side a drafter and its options, from the testing side a numpy reference), and the
+parts fit together: each tiny checkpoint is read
 as the family's config, builds in each of its IR formats into IRs tagged with the family, its paged backbone agrees
 with the family's reference, and the pipeline loads the family's drafter from the exported folder."""
 
@@ -12,13 +13,14 @@ import numpy as np
 import pytest
 
 from ovbuild.export.ir_formats import IR_FORMATS
-from ovbuild.families import DRAFTER_OPTIONS, DSPARK, FAMILIES, Family, build_draft_models, detect_layout, load_draft
+from ovbuild.families import DSPARK, FAMILIES, Family, build_draft_models, detect_layout, load_draft
 from ovbuild.ir import save_ir
 from ovbuild.ir.rt_info import get_rt_info
-from ovbuild.runtime.drafters import Drafter, DrafterOption, DraftItem, DSparkDrafter
+from ovbuild.runtime.drafters import DRAFTER_OPTIONS, DRAFTERS, Drafter, DrafterOption, DraftItem, DSparkDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions, load_drafter
 from ovbuild.testing import F32_NMSE
+from ovbuild.testing.references import REFERENCES
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.draft_config import DraftConfig
 
@@ -28,8 +30,8 @@ KINDS = [(f, name) for f in FAMILIES for name in f.tiny]
 F32_DRAFT = RuntimeOptions(draft=ModelOptions("f32", "f32", 64))
 
 
-def missing_parts(family: Family) -> list[str]:
-    """The parts a declaration lacks or gets wrong."""
+def missing_parts(family: Family, drafters: dict = DRAFTERS, references: dict = REFERENCES) -> list[str]:
+    """The parts a declaration (with its drafter and reference registered by name) lacks or gets wrong."""
     missing = []
     if not family.layouts or not all(layout.architectures and layout.tensors for layout in family.layouts):
         missing.append("layouts")
@@ -38,9 +40,9 @@ def missing_parts(family: Family) -> list[str]:
     formats_ok = "paged" in family.builders and set(family.builders) <= set(IR_FORMATS)
     if not (formats_ok and all(callable(b) for b in family.builders.values())):
         missing.append("builders")
-    if not all(callable(getattr(family.reference, m, None)) for m in ("new_cache", "forward", "step")):
+    if not all(callable(getattr(references.get(family.name), m, None)) for m in ("new_cache", "forward", "step")):
         missing.append("reference")
-    drafter = family.drafter
+    drafter = drafters.get(family.name)
     if not (isinstance(drafter, type) and issubclass(drafter, Drafter) and not inspect.isabstract(drafter)):
         missing.append("drafter")
     elif not all(takes_option(drafter, option) for option in drafter.OPTIONS):
@@ -79,14 +81,22 @@ class _Abstract(Drafter):
         ("builders", dict(builders={})),
         ("builders", dict(builders={"genai": DSPARK.builders["paged"]})),  # no paged IRs: nothing to run
         ("builders", dict(builders={**DSPARK.builders, "onnx": DSPARK.builders["paged"]})),  # not an IR format
-        ("reference", dict(reference=object)),
-        ("drafter", dict(drafter=_Abstract)),
-        ("drafter options", dict(drafter=_UnknownOption)),
+        ("reference", dict(references={**REFERENCES, "dspark": object})),
+        ("reference", dict(references={})),
+        ("drafter", dict(drafters={**DRAFTERS, "dspark": _Abstract})),
+        ("drafter", dict(drafters={})),
+        ("drafter options", dict(drafters={**DRAFTERS, "dspark": _UnknownOption})),
         ("tiny", dict(tiny={})),
     ],
 )
 def test_a_declaration_lacking_a_part_is_caught(part, change):
-    assert missing_parts(replace(DSPARK, **change)) == [part]
+    registries = {k: change.pop(k) for k in ("drafters", "references") if k in change}
+    assert missing_parts(replace(DSPARK, **change), **registries) == [part]
+
+
+def test_every_drafter_and_reference_is_a_declared_family():
+    assert set(DRAFTERS) == {f.name for f in FAMILIES}
+    assert {f.name for f in FAMILIES} <= set(REFERENCES)
 
 
 def test_names_are_unique_and_options_are_declared_alike():
@@ -99,7 +109,7 @@ def test_names_are_unique_and_options_are_declared_alike():
             shared = set(a.architectures) & set(b.architectures)
             assert not shared or a.matches is not b.matches, f"{shared} claimed twice without config markers"
     for option in DRAFTER_OPTIONS:
-        same = [o for f in FAMILIES for o in f.drafter.OPTIONS if o.name == option.name]
+        same = [o for d in DRAFTERS.values() for o in d.OPTIONS if o.name == option.name]
         assert all(o == option for o in same), f"option {option.name} is declared differently by two drafters"
 
 
@@ -129,12 +139,14 @@ def test_tiny_checkpoint_reads_as_the_family_and_builds_in_each_of_its_formats(k
     # the declared reference and the declared paged builder agree (the parity tests go further, per family)
     block = [[40 + i] + [cfg.mask_token_id] * (cfg.block_size - 1) for i in range(3)]
     schedule = [[(0, 5, block[0]), (1, 9, block[1])], [(1, 2, block[2]), (0, 3, [])]]
-    out = run_draft(PagedModel(backbone, kv_cache_precision="f32"), family.reference(cfg, weights, target[1]), schedule)
+    out = run_draft(
+        PagedModel(backbone, kv_cache_precision="f32"), REFERENCES[family.name](cfg, weights, target[1]), schedule
+    )
     assert out.nmse("logits") < F32_NMSE, f"{family.name} backbone logits NMSE {out.nmse('logits'):.2e}"
 
     # the pipeline finds the family's drafter through the IR's rt_info, and it proposes what it is asked for
     drafter = load_drafter(tmp_path / "draft", F32_DRAFT)
-    assert type(drafter) is family.drafter
+    assert type(drafter) is DRAFTERS[family.name]
     width = cfg.num_taps * cfg.target_hidden_size
     k = min(3, drafter.max_candidates)
     taps = np.random.default_rng(0).standard_normal((4, width)).astype(np.float32)

@@ -24,12 +24,12 @@ from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.ir import MODEL_FILE, core
 from ovbuild.ir.records import LOCATORS_KEY
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.qwen3 import Qwen3Reference
+from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tokenizer import byte_level_tokenizer
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}
 TAPS = (1, 3, 5)

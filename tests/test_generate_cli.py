@@ -10,7 +10,7 @@ import pytest
 
 from ovbuild import demo
 from ovbuild.cli import main
-from ovbuild.runtime.static_rows import BUCKETS
+from ovbuild.runtime.static_rows import COPY_ROWS
 
 from export_helpers import write_exported_pair
 
@@ -109,7 +109,7 @@ def test_demo_on_the_tiny_pair_is_lossless_and_shows_its_progress(capsys, monkey
 
     monkeypatch.setattr(demo, "compare", compare)
     assert main(["demo", "--tiny", "--max-new-tokens", "8", "--rounds", "2"]) == 0  # the adaptive draft length
-    every = {"target": set(BUCKETS), "draft": set(BUCKETS)}
+    every = {"target": set(COPY_ROWS), "draft": set(COPY_ROWS)}
     assert compiled_when_timed == [every, every], f"copies missing when timing started: {compiled_when_timed}"
     captured = capsys.readouterr()
     out, err = captured.out, captured.err

@@ -9,9 +9,9 @@ import pytest
 from ovbuild.families import build_draft_models
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 
 @pytest.mark.parametrize("fmt", ["keep", "int8"])

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from ovbuild.errors import ConfigError, TensorError, UnsupportedError
+from ovbuild.targets import load_target, parse_target_config
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID, TINY_HYBRID_TEXT, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.hybrid import HybridTargetConfig, parse_hybrid_config
-from ovbuild.weights.target import load_target, parse_target_config
 
 
 def test_multimodal_and_text_only_layouts_read_the_same_model(tmp_path):

@@ -12,7 +12,7 @@ from ovbuild.graph.gated_delta_chunked import delta_rule_chunked
 from ovbuild.graph.ops import parameter, result
 from ovbuild.graph.step_grid import step_grid
 from ovbuild.ir import core
-from ovbuild.runtime.reference.gated_delta import delta_rule_recurrent
+from ovbuild.reference.gated_delta import delta_rule_recurrent
 from ovbuild.testing import F32_NMSE, nmse
 
 HEADS, DK, DV = 3, 8, 6

@@ -11,12 +11,12 @@ import pytest
 from ovbuild.families import load_draft
 from ovbuild.ir import read_ir
 from ovbuild.ir.rt_info import get_rt_info
+from ovbuild.reference.dflash import DFlashReference
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dflash import DFlashReference
+from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from export_helpers import DRAFT_SCHEDULE, assert_clean_error, ovbuild
 from paged_helpers import run_draft
@@ -112,7 +112,9 @@ def test_exported_draft_runs_on_the_hybrid_targets_head(exported, checkpoints):
 def test_unsupported_variants_fail_with_one_clear_line(tmp_path, capsys, checkpoints):
     target, _ = checkpoints
     run = ovbuild(capsys, "export", "-m", target, tmp_path / "g", "--format", "genai", "--quiet")
-    assert_clean_error(run, "the genai IR format covers dense Qwen3 targets only")
+    assert_clean_error(
+        run, "(qwen3_5): the genai IR format exists for qwen3 targets only (qwen3_5 targets export as: paged)"
+    )
     moe = write_tiny_hybrid_target(tmp_path / "moe")
     config = json.loads((moe / "config.json").read_text())
     config["architectures"] = ["Qwen3_5MoeForConditionalGeneration"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ovbuild.runtime.reference.gated_delta import delta_rule_chunked, delta_rule_recurrent
-from ovbuild.runtime.reference.hybrid import HybridReference
+from ovbuild.reference.gated_delta import delta_rule_chunked, delta_rule_recurrent
+from ovbuild.reference.hybrid import HybridReference
+from ovbuild.targets import load_target
 from ovbuild.testing import nmse
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 TAPS = (0, 2, 3)
 

@@ -11,16 +11,16 @@ from test_speculative import assert_accepted, prompts, run
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.hybrid_target import build_hybrid_target
+from ovbuild.reference.hybrid import HybridReference
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.hybrid import HybridReference
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.targets import load_target
 from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID_TEXT, write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 F32 = dict(kv_cache_precision="f32")
 VOCAB = TINY_HYBRID_TEXT["vocab_size"]

@@ -12,8 +12,8 @@ import pytest
 from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import i64, parameter, result
 from ovbuild.ir import core
+from ovbuild.reference.dflash2 import greedy_walk as reference_walk
 from ovbuild.runtime.lattice import greedy_walk
-from ovbuild.runtime.reference.dflash2 import greedy_walk as reference_walk
 from ovbuild.testing import F32_NMSE, nmse
 
 VOCAB, RANK, TOP_K = 50, 4, 5

@@ -7,9 +7,9 @@ import pytest
 
 import ovbuild.runtime.drafters.markov as markov
 from ovbuild.errors import ConfigError
-from ovbuild.families import DFLASH2, DRAFTERS, DSPARK, build_draft_models, load_draft
+from ovbuild.families import DFLASH2, DSPARK, build_draft_models, load_draft
 from ovbuild.ir import core, save_ir
-from ovbuild.runtime.drafters import LatticeDrafter
+from ovbuild.runtime.drafters import DRAFTERS, LatticeDrafter
 from ovbuild.weights.checkpoint import Checkpoint
 
 WRITERS = {"dflash2": DFLASH2.tiny["dflash2"], "dspark": DSPARK.tiny["dspark_gated"]}

@@ -11,15 +11,15 @@ import openvino as ov
 import pytest
 
 from ovbuild.graph.target import build_target
+from ovbuild.reference.layers import nmse
 from ovbuild.runtime import narrow_weights as narrowing
 from ovbuild.runtime import paged_model
 from ovbuild.runtime.kv_cache import sequence_rows
 from ovbuild.runtime.narrow_weights import DECOMPRESSION, NARROW_FLOATS, narrow_weights, weight_converts
 from ovbuild.runtime.paged_model import TAPS, PagedModel
-from ovbuild.runtime.reference.layers import nmse
+from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, TINY_TARGET, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 VOCAB = TINY_TARGET["vocab_size"]
 STORED = {"bf16": ov.Type.bf16, "f16": ov.Type.f16}

@@ -10,14 +10,14 @@ from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.ir import read_ir, save_ir
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import TAPS, PagedModel, taps_in_math_precision
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from paged_helpers import run_draft, run_target
 

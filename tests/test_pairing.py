@@ -17,9 +17,9 @@ from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import Pipeline
+from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from export_helpers import assert_clean_error, ovbuild
 

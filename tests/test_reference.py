@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-import ovbuild.runtime.reference
+import ovbuild.reference
 from ovbuild.families import load_draft
-from ovbuild.runtime.reference import dflash as reference_dflash
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
+from ovbuild.reference import dflash as reference_dflash
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.qwen3 import Qwen3Reference
+from ovbuild.targets import load_target
 from ovbuild.testing import nmse, write_tiny_dflash
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 F64_NMSE = 1e-24  # two float64 computations of the same thing, summed in another order
 PROMPT = np.array([72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 100, 101, 102])
@@ -114,7 +114,7 @@ def test_reference_shares_no_builder_rope_or_reader_code():
         "ovbuild.weights.dtypes",
         "ovbuild.weights.tensor",
     )
-    for path in sorted(Path(ovbuild.runtime.reference.__file__).parent.glob("*.py")):
+    for path in sorted(Path(ovbuild.reference.__file__).parent.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 modules = [a.name for a in node.names]

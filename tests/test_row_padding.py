@@ -75,4 +75,4 @@ def test_a_padded_call_returns_its_blocks_and_only_the_real_rows_taps(target):
         assert out["hidden_states"].shape[0] == n and out["logits"].shape[0] == n
         assert model.request.get_tensor("input_ids").shape[0] == (n if n == 6 else 8)  # 1 row padded to 8
         assert allocator.free_blocks == free and set(allocator.tables) == {0}
-    assert model.padding.recent == [6, 1]
+    assert model.executor.padding.recent == [6, 1]

@@ -20,9 +20,9 @@ from ovbuild.runtime.pipeline import ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.validation import check_writable
+from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from export_helpers import assert_clean_error, ovbuild
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
+from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing import TINY_TARGET

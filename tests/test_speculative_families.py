@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ovbuild.families import DRAFTERS, FAMILIES, build_draft_models, load_draft
+from ovbuild.families import FAMILIES, build_draft_models, load_draft
 from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
+from ovbuild.runtime.drafters import DRAFTERS
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
@@ -87,9 +88,9 @@ def test_sampling_is_reproducible_and_point_mass_families_give_the_target_alone_
 @pytest.mark.parametrize("writer", [write_tiny_dflash2, write_tiny_dflash2_short_window])
 def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target, writer):
     """Window 10 above block 8, and window 4 below block 7."""
-    from ovbuild.families import DRAFT_REFERENCES
+    from ovbuild.reference.dflash2 import greedy_walk
     from ovbuild.runtime.drafters import DraftItem
-    from ovbuild.runtime.reference.dflash2 import greedy_walk
+    from ovbuild.testing.references import REFERENCES as DRAFT_REFERENCES
 
     dcfg, dweights = load_draft(Checkpoint.open(writer(tmp_path / "ckpt")))
     for stem, model in build_draft_models(dcfg, dweights, target[1]).items():

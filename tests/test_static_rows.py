@@ -9,21 +9,23 @@ import pytest
 from ovbuild.errors import UnsupportedError
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime import narrow_weights, static_rows
 from ovbuild.runtime.devices import target_inference_precision
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import PAD_SEQUENCE
 from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import Speculation
-from ovbuild.runtime.static_rows import BUCKETS, bucket, parts
+from ovbuild.runtime.static_rows import COPY_ROWS as BUCKETS
+from ovbuild.runtime.static_rows import copy_size as bucket
+from ovbuild.runtime.static_rows import parts
+from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE
 from ovbuild.weights.checkpoint import Checkpoint
-from ovbuild.weights.target import load_target
 
 from paged_helpers import run_draft, run_target
 

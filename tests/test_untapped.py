@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import CacheExhaustedError
+from ovbuild.reference.layers import nmse
+from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime import paged_model
 from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import BlockAllocator, sequence_rows
 from ovbuild.runtime.paged_model import TAPS, PagedModel
-from ovbuild.runtime.reference.layers import nmse
-from ovbuild.runtime.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation

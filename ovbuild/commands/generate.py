@@ -87,7 +87,7 @@ def sampling_options(args: argparse.Namespace) -> dict:
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     """Device and cache options shared by the commands that run models (defaults: exact target, fast draft)."""
-    from ovbuild.families import DRAFTER_OPTIONS
+    from ovbuild.runtime.drafters import DRAFTER_OPTIONS
     from ovbuild.runtime.paged_model import INFERENCE_PRECISIONS, KV_PRECISIONS
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
@@ -143,7 +143,7 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def runtime_options(args: argparse.Namespace):
-    from ovbuild.families import DRAFTER_OPTIONS
+    from ovbuild.runtime.drafters import DRAFTER_OPTIONS
     from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions
 
     static = STATIC_ROWS[args.static_rows]
@@ -164,10 +164,11 @@ def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
         draft_inference_precision,
         target_inference_precision,
     )
+    from ovbuild.runtime.machine import device_kind
     from ovbuild.runtime.validation import check_cache_mb, check_positive_int
 
     check_device(args.device)
-    if args.static_rows == "on" and not args.device.upper().startswith("CPU"):
+    if args.static_rows == "on" and device_kind(args.device) != "CPU":
         raise UnsupportedError(f"--static-rows on: static copies run on CPU, not on {args.device}")
     check_cache_mb(args.cache_mb, "--cache-mb")
     precision = target_inference_precision(args.device, args.inference_precision, args.kv_cache_precision)

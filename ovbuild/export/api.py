@@ -24,10 +24,11 @@ from ovbuild.export.streaming import PageDropper, StreamingSource
 from ovbuild.export.weight_formats import default_weight_format, make_policy
 from ovbuild.families import DRAFT_ARCHITECTURES, draft_builder, load_draft, read_draft_config
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.targets import SUPPORTED_TARGET_ARCHITECTURES, TARGET_ARCHITECTURES, load_target, target_builder
 from ovbuild.weights.checkpoint import TOKENIZER_FILES, Checkpoint, read_config
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, check_target_layer_ids
-from ovbuild.weights.target import SUPPORTED_TARGET_ARCHITECTURES, TARGET_ARCHITECTURES, TargetConfig, load_target
+from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
 log = logging.getLogger(__name__)
@@ -113,19 +114,14 @@ def export_target(
     """The target IR with its taps, configs and tokenizer, written into the partial folder; returns its family and
     policy."""
     cfg, weights = load_target(job.ckpt)
-    if cfg.family != "qwen3":
-        log.info(
-            "%s: %s language model only (layers %s); image input is not supported",
-            job.ckpt.source,
-            cfg.family,
-            cfg.layer_pattern,
-        )
+    build = target_builder(cfg, job.format_name)  # a format the family does not have fails before anything is read
+    if cfg.export_note is not None:
+        log.info("%s: %s", job.ckpt.source, cfg.export_note)
     taps = target_taps(cfg, job.ckpt.source, target_layer_ids, draft_of, cache_dir)
     check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     check_target_tokenizer(job.ckpt)
     policy = job.policy("target")
     log.info("exporting target %s (%s weights, taps %s)", job.ckpt.source, policy.weight_format, list(taps))
-    build = job.format.target
     models = stream_build(
         f"target {cfg.architecture}", cfg.num_layers, [weights], job.show, lambda w: build(cfg, w, taps, policy)
     )

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ovbuild.errors import CheckpointError, ConfigError
-from ovbuild.weights.checkpoint import Checkpoint, read_json
+from ovbuild.ir import read_json
+from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 
 TOKEN_KEYS = ("eos_token", "bos_token", "pad_token", "unk_token")

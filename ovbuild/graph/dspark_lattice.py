@@ -9,16 +9,12 @@ The exact head picks tokens outside the unary Top-K often, so the lattice approx
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import openvino.opset16 as ops
 
 from ovbuild.graph.lattice import packed_topk_lattice
+from ovbuild.graph.markov_head import MarkovHead
 from ovbuild.graph.ops import Output, i64, named
 from ovbuild.ir.ports import CANDIDATE_IDS, EDGE_SCORES, PREDECESSOR_CONFIDENCE
-
-if TYPE_CHECKING:  # the head is built by ovbuild.graph.dspark, which puts this form into its IR
-    from ovbuild.graph.dspark import MarkovHead
 
 DEFAULT_TOP_K = 8
 

@@ -1,14 +1,15 @@
 """IR files on disk: their names in an exported folder, saving a built model, and reading one back with what the IR
-format drops restored; the process-wide Core every reader and compiler shares."""
+format drops restored; the process-wide Core every reader and compiler shares; the folder's JSON files."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import openvino as ov
 
-from ovbuild.errors import ExportError
+from ovbuild.errors import CheckpointError, ConfigError, ExportError
 from ovbuild.ir.records import HeadGeometry
 
 MODEL_STEM = "openvino_model"  # the main IR of every folder: a target, or a draft's backbone
@@ -54,6 +55,20 @@ def read_ir(path: str | Path) -> ov.Model:
         ) from None
     restore_paged_attention(model, path)
     return model
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path` (a checkpoint's or an exported folder's config); a missing or malformed file raises
+    an error naming it."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSON, huge integers
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
 
 
 def last_line(e: Exception) -> str:

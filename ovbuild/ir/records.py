@@ -14,8 +14,8 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovbuild import __version__
 from ovbuild.ir.codec import BOOL, FLOAT, INT, INTS, LOCATORS, SET, STEM, STRS, Key, Record, Where, part, rt
+from ovbuild.version import __version__
 
 # Every rt_info key an ovbuild IR carries, once.
 VERSION = Key("ovbuild/version")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.ir import core
 from ovbuild.runtime import machine
-from ovbuild.runtime.machine import cpu_runtime_precision
+from ovbuild.runtime.machine import cpu_runtime_precision, device_kind
 from ovbuild.runtime.paged_model import KV_PRECISIONS
 
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")  # take real devices after a colon: "AUTO:GPU,CPU"
@@ -24,7 +24,7 @@ def check_device(device: str) -> None:
 
 def kv_precisions(device: str, inference_precision: str | None) -> tuple[str, ...]:
     """KV cache precisions that compile on `device` at `inference_precision` (None = the device's default)."""
-    if not device.upper().startswith("CPU"):
+    if device_kind(device) != "CPU":
         return KV_PRECISIONS  # other plugins are left to judge at compile time
     return cpu_kv_precisions(machine.cpu_capabilities(), inference_precision)
 
@@ -70,7 +70,7 @@ def target_inference_precision(
     if kv_cache_precision == "bf16":
         return None
     flags = machine.cpu_flags()
-    on_cpu = device.upper().startswith("CPU")
+    on_cpu = device_kind(device) == "CPU"
     if on_cpu and not stateful and kv_cache_precision != "f32" and "avx512_bf16" in flags and "amx_bf16" not in flags:
         return "bf16"
     return "f32"
@@ -86,6 +86,6 @@ def draft_inference_precision(device: str, requested: str | None, kv_cache_preci
     before it) and proposed the same tokens; a draft shaped like z-lab/Qwen3-4B-DFlash-b16 (int8 weights, its calls
     bound by the 151936-row lm_head) took the same in both (1.00-1.03x). AMX's bf16 matrix units are another matter:
     there the default stays."""
-    if requested is not None or not device.upper().startswith("CPU") or kv_cache_precision == "bf16":
+    if requested is not None or device_kind(device) != "CPU" or kv_cache_precision == "bf16":
         return requested
     return None if "amx_bf16" in machine.cpu_flags() else "f32"

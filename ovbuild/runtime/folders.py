@@ -6,16 +6,14 @@ exports made before a key existed still get every check their files allow.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import openvino as ov
 
 from ovbuild.errors import CompatibilityError, ConfigError, ExportError, OvbuildError
-from ovbuild.ir import MODEL_FILE, DraftIR, Identity, Provenance, TargetIR
+from ovbuild.ir import MODEL_FILE, DraftIR, Identity, Provenance, TargetIR, read_json
 from ovbuild.ir.ports import LOGITS, PAST_LENS, TAPS, TOKEN_TYPE_IDS
-from ovbuild.weights.target import parse_target_config
 
 
 @dataclass(frozen=True)
@@ -109,12 +107,13 @@ def context_length(target: ExportedModel, max_model_len: int | None) -> int | No
 
 
 def _config_context_length(folder: Path) -> int | None:
-    """Exports made before rt_info recorded it: the copied config.json says, when it can be read."""
+    """Exports made before rt_info recorded it: the copied config.json's max_position_embeddings, when it holds one
+    (a RoPE scaling that stretches it is left out: the bound errs on the short side)."""
     try:
-        path = folder / "config.json"
-        return parse_target_config(json.loads(path.read_text(encoding="utf-8")), str(path)).context_length
-    except (OSError, ValueError, TypeError, AttributeError, OvbuildError):
+        value = read_json(folder / "config.json").get("max_position_embeddings")
+    except OvbuildError:
         return None
+    return value if type(value) is int and value > 0 else None
 
 
 def _last_dim(port: ov.Output | None) -> int | None:

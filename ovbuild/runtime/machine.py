@@ -67,3 +67,8 @@ def describe() -> str:
     name = core().get_property("CPU", "FULL_DEVICE_NAME") or platform.processor()
     have = " ".join(flags) or "none of " + " ".join(FEATURES)
     return f"{name}; flags: {have}; plugin: {','.join(caps)}, default {precision}"
+
+
+def device_kind(device: str) -> str:
+    """The kind of an OpenVINO device name, upper case and without its index: "GPU" for "gpu.1", "CPU" for "CPU"."""
+    return device.upper().split(".", 1)[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import openvino as ov
 
-from ovbuild.runtime.machine import cpu_math
+from ovbuild.runtime.machine import cpu_math, device_kind
 from ovbuild.runtime.validation import physical_memory_mb
 
 # The rt_info key of OpenVINO's Decompression attribute (ov::mark_as_decompression): the plugin looks for the key only.
@@ -54,7 +54,7 @@ def narrow_types(device: str, inference_precision: str | None, narrow_bytes: int
     """The stored precisions whose weights a model compiled on `device` with this INFERENCE_PRECISION_HINT keeps
     narrow (CPU only): the math precision when it is bf16 or f16; under f32 math, bf16 and f16 when `narrow_bytes` of
     them widened would take more than MEMORY_SHARE of physical memory; else none."""
-    if not device.upper().startswith("CPU"):
+    if device_kind(device) != "CPU":
         return ()
     math = cpu_math(inference_precision)
     if math in MATH_TYPES:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import weakref
+from dataclasses import dataclass
 from itertools import accumulate
+from typing import Protocol
 
 import numpy as np
 import openvino as ov
@@ -15,15 +17,15 @@ from ovbuild.ir.ports import CACHES, LOGITS, ROW_OUTPUTS, STATE_ROWS, TAPS
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
-from ovbuild.runtime.machine import cpu_math
+from ovbuild.runtime.machine import cpu_math, device_kind
 from ovbuild.runtime.narrow_weights import narrow_weights
 from ovbuild.runtime.padding import PAD_SEQUENCE, RowPadding, pad_inputs, padding_rows
 from ovbuild.runtime.state_pool import StatePool, state_specs
 from ovbuild.runtime.static_rows import (
-    BUCKETS,
+    COPY_ROWS,
     MAX_WEIGHT_BYTES,
     StaticCopies,
-    bucket,
+    copy_size,
     merge,
     part_inputs,
     parts,
@@ -54,14 +56,14 @@ def compile_config(
         inference_precision = "f32"
     if inference_precision:
         config["INFERENCE_PRECISION_HINT"] = inference_precision
-    if kv_cache_precision == "u8" and device.upper().startswith("CPU"):
+    if kv_cache_precision == "u8" and device_kind(device) == "CPU":
         # The CPU plugin's default quantizes keys per channel across a cache block, so a row written and then rolled
         # back shifts the scales of the committed rows around it: speculative output drifts from the target alone.
         # Per-token keys (values are per token already) leave committed rows as they were written: measured exact
         # against the target alone with the same cache, where the default diverged (bench/bench_kv_cache.py).
         config["KEY_CACHE_QUANT_MODE"] = "BY_TOKEN"
     scale = gpu_activations_scale_factor(model) if model is not None else None
-    if device.upper().startswith("GPU") and scale is not None:
+    if device_kind(device) == "GPU" and scale is not None:
         config["ACTIVATIONS_SCALE_FACTOR"] = str(scale)
     return config
 
@@ -98,26 +100,10 @@ class PagedModel:
         # outputs compiled in bf16, which run() widens to f32 (taps_in_math_precision)
         model, self.widened = taps_in_math_precision(model, device, config.get("INFERENCE_PRECISION_HINT"))
         model = narrow_weights(model, device, config.get("INFERENCE_PRECISION_HINT"))
-        try:
-            self.compiled = core().compile_model(model, device, config)
-        except RuntimeError as e:
-            if "kvcache type" not in str(e):
-                raise
-            # a device whose precisions ovbuild.runtime.devices does not predict: still one line, with the reason
-            reason = str(e).strip().splitlines()[-1].strip()
-            raise UnsupportedError(
-                f"KV cache precision '{kv_cache_precision}' does not compile on {device} ({reason})"
-            ) from None
+        self.compiled = compile_paged(model, device, config, kv_cache_precision)
         self.request = self.compiled.create_infer_request()
-        specs = state_specs(self.compiled)
         budget = cache_mb * 2**20
-        self.states: StatePool | None = None
-        if specs:
-            slot_bytes = StatePool.slot_bytes(specs)
-            if state_slots is None:
-                state_slots = max(1, min(DEFAULT_STATE_SLOTS, int(budget * STATE_SHARE // slot_bytes)))
-            self.states = StatePool(specs, state_slots)
-            budget -= state_slots * slot_bytes
+        self.states, budget = state_pool(self.compiled, budget, state_slots)
         if num_blocks is None:
             num_blocks = max(1, int(budget // block_bytes(self.compiled)))
         # Whether a sequence's rows may run as 1-row subsequences, each after the ones before it: the CPU plugin
@@ -126,29 +112,31 @@ class PagedModel:
         # speculative output diverged from the target alone's with bf16 math, and is identical with 1-row
         # subsequences (bench/bench_kv_cache.py). Untested on other devices; a hybrid target's states are per
         # sequence and step row by row in one subsequence.
-        self.row_subsequences = device.upper().startswith("CPU") and self.states is None
+        self.row_subsequences = device_kind(device) == "CPU" and self.states is None
         weights = weight_bytes(model)
         if static_rows is None:
             static_rows = self.row_subsequences and weights <= MAX_WEIGHT_BYTES
         elif static_rows and not self.row_subsequences:
             raise UnsupportedError("static row counts run on CPU, for a model without linear-attention states")
         # the copies' padding rows have blocks of their own for good, beyond the budget's
-        pinned = (PAD_SEQUENCE, BUCKETS[-1]) if static_rows else None
+        pinned = (PAD_SEQUENCE, COPY_ROWS[-1]) if static_rows else None
         if cache_from is None:
             self.cache = PagedKVCache(self.compiled, self.request, num_blocks, pinned)
         else:
             self.cache = cache_from.cache
             for name, tensor in self.cache.tensors.items():
                 self.request.set_tensor(name, tensor)
+        # the scheduler reserves through this, every step: made once
+        self.cache_manager: CacheManager = (
+            self.cache.allocator if self.states is None else BlocksAndSlots(self.cache.allocator, self.states)
+        )
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
         self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
         self.static: StaticCopies | None = None
         if static_rows:
             cache = {name: self.request.get_tensor(name) for name in self.cache.names}
             self.static = StaticCopies(source, model, self.compiled, device, config, cache)
-        # a hybrid target's states are per sequence: its calls run unpadded (a padding sequence would need their
-        # inputs); with static copies, only prompt chunks longer than the largest copy run dynamic: unpadded too
-        self.padding = RowPadding(*padding) if self.states is None and padding is not None and not static_rows else None
+        self.executor = choose_executor(self, padding)
         # Taps cost a small model's calls a few percent (on the demo target their outputs keep the plugin from fusing
         # each residual add with the next norm: 1.01x-1.06x per call, bench/bench_untapped.py), and a call that nobody
         # takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
@@ -162,7 +150,7 @@ class PagedModel:
     def compile_copies(self) -> None:
         """Compile every static copy now (the untapped sibling's too), rather than on the first call of its rows."""
         if self.static is not None:
-            for rows in BUCKETS:
+            for rows in COPY_ROWS:
                 self.static.copy(rows)
         if self.can_skip_taps:
             self.untapped().compile_copies()
@@ -206,13 +194,6 @@ class PagedModel:
         return f"{device}, {math} math{note}, {precision('KV_CACHE_PRECISION')} KV cache"
 
     @property
-    def cache_manager(self) -> CacheManager:
-        """The cache's blocks (and a hybrid target's state slots), as the scheduler reserves them."""
-        if self.states is None:
-            return self.cache.allocator
-        return BlocksAndSlots(self.cache.allocator, self.states)
-
-    @property
     def vocab_size(self) -> int | None:
         """Width of the `logits` output: the token ids the model knows are 0..vocab_size-1 (None if not static)."""
         port = next((o for o in self.compiled.outputs if o.get_any_name() == LOGITS), None)
@@ -230,40 +211,12 @@ class PagedModel:
         With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
         (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
         `state_rows` among `inputs`) keeps the states itself, and the pool is left alone. With static copies the
-        call may run as several parts (ovbuild.runtime.static_rows.parts), whose outputs come back merged.
+        call may run as several parts (ovbuild.runtime.static_rows.parts), whose outputs come back merged: the
+        executor chosen at construction (choose_executor) decides.
         taps=False: the caller does not read the taps, which the call may then leave out (see can_skip_taps)."""
         if not taps and self.can_skip_taps:
             return self.untapped().run(rows, inputs, state_rows)
-        if self.static is None:
-            real = sum(r.num_rows for r in rows)
-            pad = self.padding.rows(real) - real if self.padding is not None else 0
-            if pad and not self.cache.allocator.can_hold(PAD_SEQUENCE, pad):
-                pad = 0  # no free blocks for it: the call runs as it is
-            try:
-                return self._call(rows, inputs, state_rows, self.request, self.binder, pad)
-            finally:
-                if pad:
-                    self.cache.allocator.free(PAD_SEQUENCE)
-        cut = parts(rows)
-        if len(cut) == 1:
-            return self._part(rows, inputs, cut[0][1])
-        offsets = [0, *accumulate(r.num_rows for r in rows)]
-        calls = []
-        for part, static in cut:
-            local, held = part_inputs(inputs, offsets, rows, part)
-            outputs = self._part([rows[i] for i in part], local, static)
-            # copies: the next part may run in the same copy, whose output tensors these views read
-            calls.append((held, {name: np.array(value) for name, value in outputs.items()}))
-        return merge(calls, inputs, offsets[-1])
-
-    def _part(self, rows: list[SequenceRows], inputs: dict, static: bool) -> dict[str, np.ndarray]:
-        """One call in the copy for its row count (padded up to it), or in the dynamic model."""
-        if not static:
-            return self._call(rows, inputs, None, self.request, self.binder, 0)
-        real = sum(r.num_rows for r in rows)
-        size = bucket(real)
-        request, binder = self.static.copy(size)
-        return self._call(rows, inputs, None, request, binder, size - real)
+        return self.executor.run(rows, inputs, state_rows)
 
     def _call(
         self,
@@ -300,6 +253,109 @@ class PagedModel:
         self.cache_manager.free(seq_id)
 
 
+def compile_paged(model: ov.Model, device: str, config: dict, kv_cache_precision: str) -> ov.CompiledModel:
+    """`model` compiled with `config`; a KV cache precision the device refuses is one line naming it."""
+    try:
+        return core().compile_model(model, device, config)
+    except RuntimeError as e:
+        if "kvcache type" not in str(e):
+            raise
+        # a device whose precisions ovbuild.runtime.devices does not predict: still one line, with the reason
+        reason = str(e).strip().splitlines()[-1].strip()
+        raise UnsupportedError(
+            f"KV cache precision '{kv_cache_precision}' does not compile on {device} ({reason})"
+        ) from None
+
+
+def state_pool(compiled: ov.CompiledModel, budget: float, slots: int | None) -> tuple[StatePool | None, float]:
+    """The StatePool of a model with linear-attention states (None without), and the cache budget left for the KV
+    blocks; slots None: enough for DEFAULT_STATE_SLOTS sequences, within STATE_SHARE of the budget."""
+    specs = state_specs(compiled)
+    if not specs:
+        return None, budget
+    slot_bytes = StatePool.slot_bytes(specs)
+    if slots is None:
+        slots = max(1, min(DEFAULT_STATE_SLOTS, int(budget * STATE_SHARE // slot_bytes)))
+    return StatePool(specs, slots), budget - slots * slot_bytes
+
+
+class Executor(Protocol):
+    """How a PagedModel runs one packed call: as it is, padded, or in static copies."""
+
+    def run(self, rows: list[SequenceRows], inputs: dict, state_rows: list[list[int]] | None) -> dict: ...
+
+
+def choose_executor(model: PagedModel, padding: tuple[int, float] | None) -> Executor:
+    """Static copies where the model has them; else padded calls where asked, except for a hybrid target, whose states
+    are per sequence (a padding sequence would need their inputs); else calls as they are."""
+    if model.static is not None:
+        return StaticExecutor(model)
+    if padding is not None and model.states is None:
+        return PaddedExecutor(model, RowPadding(*padding))
+    return DynamicExecutor(model)
+
+
+@dataclass
+class DynamicExecutor:
+    """Every call as it is, in the dynamic-shape model."""
+
+    model: PagedModel
+
+    def run(self, rows: list[SequenceRows], inputs: dict, state_rows: list[list[int]] | None) -> dict:
+        return self.model._call(rows, inputs, state_rows, self.model.request, self.model.binder, 0)
+
+
+@dataclass
+class PaddedExecutor:
+    """Calls of fewer rows than the recent ones padded up to their row count (ovbuild.runtime.padding)."""
+
+    model: PagedModel
+    padding: RowPadding
+
+    def run(self, rows: list[SequenceRows], inputs: dict, state_rows: list[list[int]] | None) -> dict:
+        m = self.model
+        real = sum(r.num_rows for r in rows)
+        pad = self.padding.rows(real) - real
+        if pad and not m.cache.allocator.can_hold(PAD_SEQUENCE, pad):
+            pad = 0  # no free blocks for it: the call runs as it is
+        try:
+            return m._call(rows, inputs, state_rows, m.request, m.binder, pad)
+        finally:
+            if pad:
+                m.cache.allocator.free(PAD_SEQUENCE)
+
+
+@dataclass
+class StaticExecutor:
+    """Calls cut into parts at subsequence boundaries, each run in the copy compiled for its row count (padded up to
+    it), or in the dynamic model for a subsequence longer than the largest copy (ovbuild.runtime.static_rows)."""
+
+    model: PagedModel
+
+    def run(self, rows: list[SequenceRows], inputs: dict, state_rows: list[list[int]] | None) -> dict:
+        cut = parts(rows)
+        if len(cut) == 1:
+            return self._part(rows, inputs, cut[0][1])
+        offsets = [0, *accumulate(r.num_rows for r in rows)]
+        calls = []
+        for part, static in cut:
+            local, held = part_inputs(inputs, offsets, rows, part)
+            outputs = self._part([rows[i] for i in part], local, static)
+            # copies: the next part may run in the same copy, whose output tensors these views read
+            calls.append((held, {name: np.array(value) for name, value in outputs.items()}))
+        return merge(calls, inputs, offsets[-1])
+
+    def _part(self, rows: list[SequenceRows], inputs: dict, static: bool) -> dict[str, np.ndarray]:
+        """One call in the copy for its row count (padded up to it), or in the dynamic model."""
+        m = self.model
+        if not static:
+            return m._call(rows, inputs, None, m.request, m.binder, 0)
+        real = sum(r.num_rows for r in rows)
+        size = copy_size(real)
+        request, binder = m.static.copy(size)
+        return m._call(rows, inputs, None, request, binder, size - real)
+
+
 def taps_in_math_precision(model: ov.Model, device: str, inference_precision: str | None) -> tuple[ov.Model, tuple]:
     """The model with its taps output (TAPS) in bf16 when the CPU plugin computes in bf16, and the outputs so changed.
 
@@ -309,7 +365,7 @@ def taps_in_math_precision(model: ov.Model, device: str, inference_precision: st
     speculative output diverged from the target alone's. An output in the math precision starts no such f32 tail:
     the logits are then bitwise those of the target alone. A copy is changed: callers compile one model many ways."""
     names = {o.get_any_name() for o in model.outputs}
-    if TAPS not in names or not device.upper().startswith("CPU"):
+    if TAPS not in names or device_kind(device) != "CPU":
         return model, ()
     if cpu_math(inference_precision) != "bf16":
         return model, ()

@@ -11,15 +11,14 @@ import openvino as ov
 from tokenizers import Tokenizer
 
 from ovbuild.errors import ConfigError, ExportError, RequestError
-from ovbuild.families import DRAFTERS
-from ovbuild.ir import MODEL_FILE, Identity, read_ir
+from ovbuild.ir import MODEL_FILE, Identity, read_ir, read_json
 from ovbuild.runtime.devices import (
     check_device,
     check_kv_precision,
     draft_inference_precision,
     target_inference_precision,
 )
-from ovbuild.runtime.drafters import Drafter
+from ovbuild.runtime.drafters import DRAFTERS, Drafter
 from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
@@ -29,7 +28,6 @@ from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.state_pool import state_specs
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
-from ovbuild.weights.checkpoint import read_json
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,14 @@
 The CPU plugin runs every node of a dynamic-shape model through its shape and memory checks on every call, even when
 the shapes repeat, and a small model's calls are mostly that: on the demo target a call took 1.1x to 1.5x as long as
 in a copy compiled for its row count, and the demo pair served 1.1x to 1.4x as fast with copies
-(bench/bench_static_rows.py). So a model small enough to copy runs each call padded up to the next of BUCKETS rows, in
+(bench/bench_static_rows.py). So a model small enough to copy runs each call padded up to the next of COPY_ROWS rows, in
 a copy compiled for that row count when first needed; the copies share the model's KV cache tensors, and only the row
 dimension is fixed (the PagedAttention layout and the logits rows stay dynamic).
 
 Exactness: a row computes bitwise the same in every copy of 2 rows or more, whatever the other rows of its call, but
 the dynamic model and a 1-row copy take other kernels (in f32 the dynamic model rounds a 1-row call differently from
-a call of more rows too). So the smallest bucket is 2, every subsequence that fits the largest bucket runs in a copy
-(a call is cut into bucket-sized parts at subsequence boundaries), and only a subsequence longer than that (a prompt
+a call of more rows too). So the smallest copy has 2 rows, every subsequence that fits the largest copy runs in one
+(a call is cut into copy-sized parts at subsequence boundaries), and only a subsequence longer than that (a prompt
 chunk) runs in the dynamic model: whether a row is computed in a copy depends on its own subsequence alone, never on
 the call it came in, so speculative verification rows round as the target alone's decode rows do.
 """
@@ -30,7 +30,7 @@ from ovbuild.ir.ports import INDEX_INPUTS, ROW_INPUTS, ROW_OUTPUTS
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.kv_cache import SequenceRows
 
-BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pads at most a third of its rows
+COPY_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pads at most a third of its rows
 # Each copy holds its own weights (the plugin repacks them per compiled model): a copy takes about twice its IR's
 # weight bytes of memory where they stay narrow (ovbuild.runtime.narrow_weights), four times widened to f32. Copies
 # still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths), but models with more weights than
@@ -43,15 +43,15 @@ def weight_bytes(model: ov.Model) -> int:
     return sum(op.get_byte_size() for op in model.get_ops() if op.get_type_name() == "Constant")
 
 
-def bucket(rows: int) -> int:
-    """The row count a part of `rows` rows runs at (rows <= BUCKETS[-1])."""
-    return BUCKETS[bisect.bisect_left(BUCKETS, rows)]
+def copy_size(rows: int) -> int:
+    """The row count of the copy a part of `rows` rows runs in (rows <= COPY_ROWS[-1])."""
+    return COPY_ROWS[bisect.bisect_left(COPY_ROWS, rows)]
 
 
 def parts(rows: list[SequenceRows]) -> list[tuple[list[int], bool]]:
     """A call's subsequences (indices into `rows`) cut into parts: (indices, static). Subsequences longer than the
-    largest bucket go to one dynamic part; the others, in order, fill parts of at most BUCKETS[-1] rows."""
-    limit = BUCKETS[-1]
+    largest copy go to one dynamic part; the others, in order, fill parts of at most COPY_ROWS[-1] rows."""
+    limit = COPY_ROWS[-1]
     long = [i for i, r in enumerate(rows) if r.num_rows > limit]
     cut: list[tuple[list[int], bool]] = [(long, False)] if long else []
     part, filled = [], 0
@@ -69,7 +69,7 @@ def parts(rows: list[SequenceRows]) -> list[tuple[list[int], bool]]:
 
 
 class StaticCopies:
-    """Copies of one model compiled per bucket row count on first use, all bound to the same KV cache tensors."""
+    """Copies of one model compiled per row count of COPY_ROWS on first use, all bound to the same KV cache tensors."""
 
     def __init__(self, source: ov.Model, model: ov.Model, compiled: ov.CompiledModel, device: str, config: dict, cache):
         """source: the model as the caller gave it; model: what `compiled` was compiled from (source, or a changed
@@ -80,7 +80,7 @@ class StaticCopies:
         self.compile_s = 0.0  # seconds the calls spent compiling copies (call costs must leave them out)
 
     def copy(self, rows: int) -> tuple[ov.InferRequest, InputBinder]:
-        """The infer request and binder of the copy for `rows` rows (a bucket), compiled now if need be."""
+        """The infer request and binder of the copy for `rows` rows (one of COPY_ROWS), compiled now if need be."""
         if rows not in self.copies:
             start = time.perf_counter()
             try:

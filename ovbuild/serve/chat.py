@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ovbuild.errors import ConfigError, MissingDependencyError, RequestError
-from ovbuild.weights.checkpoint import read_json
+from ovbuild.ir import read_json
 
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 

@@ -1,6 +1,6 @@
 """Tiny deterministic checkpoints for tests and the demo, and the NMSE helper every parity test uses."""
 
-from ovbuild.runtime.reference.layers import nmse
+from ovbuild.reference.layers import nmse
 from ovbuild.testing.tiny import (
     TINY_DRAFT,
     TINY_TARGET,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from ovbuild.errors import CheckpointError, ConfigError, TensorError
+from ovbuild.errors import CheckpointError, TensorError
+from ovbuild.ir.files import read_json
 from ovbuild.weights.safetensors_file import SafetensorsFile
 from ovbuild.weights.tensor import WeightTensor
 
@@ -168,19 +168,6 @@ def _plain_name(name: str) -> bool:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from `path`; a missing or malformed file raises an error naming it."""
-    if not path.exists():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSON, huge integers
-        raise ConfigError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
 
 
 def read_config(model: str | Path, revision: str | None = None, cache_dir: str | None = None) -> tuple[dict, Path]:

@@ -14,16 +14,10 @@ from ovbuild.errors import ConfigError, TensorError, UnsupportedError
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.rope import parse_rope
-from ovbuild.weights.target import TargetConfig
+from ovbuild.weights.target import TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
 
 HYBRID_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
-# Same blocks with a mixture-of-experts MLP (or fused projections): recognized so they fail with a clear message.
-UNSUPPORTED_HYBRIDS = {
-    "Qwen3_5MoeForConditionalGeneration": "a mixture-of-experts MLP (qwen3_5_moe)",
-    "Qwen3_5MoeForCausalLM": "a mixture-of-experts MLP (qwen3_5_moe)",
-    "Qwen3NextForCausalLM": "a mixture-of-experts MLP and fused in_proj_qkvz / in_proj_ba (qwen3_next)",
-}
 HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
 # Where the language model's tensors sit, tried in this order; the first holding embed_tokens is the checkpoint's.
 TEXT_PREFIXES = ("model.language_model.", "model.")
@@ -67,20 +61,16 @@ class HybridTargetConfig(TargetConfig):
         """One letter per layer, L = linear attention, F = full attention (`LLLF` * 16 for Qwen3.5-27B)."""
         return "".join("F" if t == "full_attention" else "L" for t in self.layer_types)
 
-
-def is_hybrid_config(config: dict) -> bool:
-    """Whether config.json names a hybrid architecture (supported or not)."""
-    archs = config.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs else None
-    return arch in HYBRID_ARCHITECTURES or arch in UNSUPPORTED_HYBRIDS
+    @property
+    def export_note(self) -> str | None:
+        """The vision tower and the multi-token-prediction head of the published checkpoints are left out."""
+        return f"{self.family} language model only (layers {self.layer_pattern}); image input is not supported"
 
 
 def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
     """Normalize a Qwen3.5-family config.json (nested `text_config` or flat)."""
     root = ConfigReader(config, path)
     arch = root.architecture()
-    if arch in UNSUPPORTED_HYBRIDS:
-        raise UnsupportedError(f"{root.where('architectures')}: {arch} has {UNSUPPORTED_HYBRIDS[arch]}, not supported")
     if arch not in HYBRID_ARCHITECTURES:
         raise UnsupportedError(f"{root.where('architectures')}: {arch!r} is not a Qwen3.5-family architecture")
     text = root.section("text_config") or root
@@ -206,3 +196,6 @@ def load_hybrid_target(checkpoint: Checkpoint) -> tuple[HybridTargetConfig, Weig
     if config.tie_word_embeddings:
         table["lm_head"] = table["embed_tokens"]
     return config, WeightSource(checkpoint, table)
+
+
+HYBRID_LAYOUT = TargetLayout(HYBRID_ARCHITECTURES, parse_hybrid_config, load_hybrid_target)

@@ -1,7 +1,10 @@
-"""The Qwen3 target: normalized config, tensor-name table, loading."""
+"""The dense Qwen3 target: normalized config, tensor-name table, loading; and what every target layout provides
+(`TargetLayout`). Which layouts exist and how a checkpoint finds its own is the target families' declaration
+(`ovbuild.targets`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ovbuild.errors import UnsupportedError
@@ -31,32 +34,30 @@ class TargetConfig(Backbone):
             return max(self.max_position_embeddings, stretched)
         return self.max_position_embeddings
 
+    @property
+    def export_note(self) -> str | None:
+        """What an export says about a checkpoint of this kind beyond its weights (None: nothing)."""
+        return None
+
+
+@dataclass(frozen=True)
+class TargetLayout:
+    """One target checkpoint layout: the architecture names it claims, its config parser and its loader."""
+
+    architectures: tuple[str, ...]
+    parse: Callable[[dict, str], TargetConfig]  # (config.json, its path) -> normalized config
+    load: Callable[[Checkpoint], tuple[TargetConfig, WeightSource]]  # config and tensor source of a checkpoint
+
 
 QWEN3_ARCHITECTURES = ("Qwen3ForCausalLM",)
-# Every architecture `export` treats as a target: dense Qwen3, and the hybrid Qwen3.5 family (weights/hybrid.py),
-# whose mixture-of-experts relatives are listed so that they fail with a clear message.
-SUPPORTED_TARGET_ARCHITECTURES = (*QWEN3_ARCHITECTURES, "Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
-TARGET_ARCHITECTURES = (
-    *SUPPORTED_TARGET_ARCHITECTURES,
-    "Qwen3_5MoeForConditionalGeneration",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3NextForCausalLM",
-)
 
 
-def parse_target_config(config: dict, path: str) -> TargetConfig:
-    """Normalize a target's config.json: dense Qwen3, or a hybrid Qwen3.5-family model."""
-    from ovbuild.weights.hybrid import is_hybrid_config, parse_hybrid_config  # hybrid.py builds on this module
-
-    if is_hybrid_config(config):
-        return parse_hybrid_config(config, path)
+def parse_qwen3_config(config: dict, path: str) -> TargetConfig:
+    """Normalize a dense Qwen3 config.json."""
     r = ConfigReader(config, path)
     arch = r.architecture()
     if arch not in QWEN3_ARCHITECTURES:
-        raise UnsupportedError(
-            f"{r.where('architectures')}: unknown target architecture {arch!r} "
-            f"(supported: {', '.join(SUPPORTED_TARGET_ARCHITECTURES)})"
-        )
+        raise UnsupportedError(f"{r.where('architectures')}: {arch!r} is not a dense Qwen3 architecture")
     eos = r.int_list("eos_token_id", ())
     return TargetConfig(
         **backbone_fields(r),
@@ -75,14 +76,13 @@ QWEN3_TARGET_TENSORS = {
 }
 
 
-def load_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
-    """Normalized config and tensor source of a target checkpoint (Qwen3 or hybrid Qwen3.5 family)."""
-    from ovbuild.weights.hybrid import is_hybrid_config, load_hybrid_target
-
-    if is_hybrid_config(checkpoint.config):
-        return load_hybrid_target(checkpoint)
-    config = parse_target_config(checkpoint.config, str(checkpoint.config_path))
+def load_qwen3_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
+    """Normalized config and tensor source of a dense Qwen3 checkpoint."""
+    config = parse_qwen3_config(checkpoint.config, str(checkpoint.config_path))
     table = dict(QWEN3_TARGET_TENSORS)
     if config.tie_word_embeddings:
         table["lm_head"] = table["embed_tokens"]  # tied checkpoints store the shared matrix once, as the embedding
     return config, WeightSource(checkpoint, table)
+
+
+QWEN3_LAYOUT = TargetLayout(QWEN3_ARCHITECTURES, parse_qwen3_config, load_qwen3_target)

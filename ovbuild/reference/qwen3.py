@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ovbuild.runtime.reference.layers import (
+from ovbuild.reference.layers import (
     REF_DTYPE,
     attention,
     linear,
@@ -16,8 +16,8 @@ from ovbuild.runtime.reference.layers import (
     swiglu_mlp,
     visibility,
 )
-from ovbuild.runtime.reference.rope import rope_from_config
-from ovbuild.runtime.reference.weights import LayerWeights, ReferenceWeights, load, reference_weights
+from ovbuild.reference.rope import rope_from_config
+from ovbuild.reference.weights import LayerWeights, ReferenceWeights, load, reference_weights
 from ovbuild.weights.target import TargetConfig
 
 if TYPE_CHECKING:

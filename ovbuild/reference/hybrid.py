@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ovbuild.runtime.reference.gated_delta import causal_conv, delta_rule_chunked, delta_rule_recurrent, silu
-from ovbuild.runtime.reference.layers import REF_DTYPE, attention, linear, rope, swiglu_mlp, visibility
-from ovbuild.runtime.reference.rope import rope_from_config
-from ovbuild.runtime.reference.weights import ReferenceWeights, reference_weights
+from ovbuild.reference.gated_delta import causal_conv, delta_rule_chunked, delta_rule_recurrent, silu
+from ovbuild.reference.layers import REF_DTYPE, attention, linear, rope, swiglu_mlp, visibility
+from ovbuild.reference.rope import rope_from_config
+from ovbuild.reference.weights import ReferenceWeights, reference_weights
 
 if TYPE_CHECKING:
     from ovbuild.weights.hybrid import HybridTargetConfig

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.layers import linear, rms_norm
-from ovbuild.runtime.reference.qwen3 import KVCache
-from ovbuild.runtime.reference.weights import LayerWeights, ReferenceWeights, load
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.layers import linear, rms_norm
+from ovbuild.reference.qwen3 import KVCache
+from ovbuild.reference.weights import LayerWeights, ReferenceWeights, load
 from ovbuild.weights.families.dflash2 import CONVS, DFlash2Config
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ovbuild.runtime.reference.dflash import DFlashReference
-from ovbuild.runtime.reference.weights import ReferenceWeights, load
+from ovbuild.reference.dflash import DFlashReference
+from ovbuild.reference.weights import ReferenceWeights, load
 from ovbuild.weights.families.dspark import DSparkConfig
 
 if TYPE_CHECKING:

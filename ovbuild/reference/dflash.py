@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ovbuild.runtime.reference.layers import attention, linear, rms_norm, rope, swiglu_mlp, visibility
-from ovbuild.runtime.reference.qwen3 import KVCache, new_cache
-from ovbuild.runtime.reference.rope import rope_from_config
-from ovbuild.runtime.reference.weights import LayerWeights, ReferenceWeights, load, reference_weights
+from ovbuild.reference.layers import attention, linear, rms_norm, rope, swiglu_mlp, visibility
+from ovbuild.reference.qwen3 import KVCache, new_cache
+from ovbuild.reference.rope import rope_from_config
+from ovbuild.reference.weights import LayerWeights, ReferenceWeights, load, reference_weights
 from ovbuild.weights.draft_config import DraftConfig
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import numpy as np
 import safetensors
 from safetensors import safe_open
 
-from ovbuild.runtime.reference.layers import REF_DTYPE
+from ovbuild.reference.layers import REF_DTYPE
 
 if TYPE_CHECKING:
     from ovbuild.weights.config import Backbone

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ovbuild.runtime.reference.rope import ReferenceRope
+from ovbuild.reference.rope import ReferenceRope
 
 REF_DTYPE = np.float64
 

@@ -1,0 +1,154 @@
+"""Target families, each declared once with every part ovbuild needs of it, next to the draft families
+(`ovbuild.families`); every per-target table derives from here.
+
+A target family's parts live one per layer: checkpoint layout and config in `weights/` (a `TargetLayout`), graph
+builders per IR format in `graph/`, tiny checkpoints in `testing/`; its numpy reference is registered with it from
+the testing side (`ovbuild.testing.references`). The runtime needs none of this: a target IR carries what running it
+takes (its ports, and its linear-attention states as STATE ports). Adding a target: docs/adding_a_model.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import openvino as ov
+
+from ovbuild.errors import UnsupportedError
+from ovbuild.graph.genai.target import build_genai_target
+from ovbuild.graph.hybrid_target import build_hybrid_target
+from ovbuild.graph.target import build_target
+from ovbuild.graph.weights import WeightPolicy
+from ovbuild.ir import MODEL_STEM
+from ovbuild.ir.ports import CONV_STATE, RECURRENT_STATE, Port
+from ovbuild.testing.tiny import write_tiny_target
+from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
+from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.config_reader import ConfigReader
+from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
+from ovbuild.weights.target import QWEN3_LAYOUT, TargetConfig, TargetLayout
+from ovbuild.weights.tensor_names import WeightSource
+
+# Every IR of a target folder keyed by file stem, from (config, weights, the layers tapped for a draft, policy).
+TargetBuilder = Callable[[TargetConfig, WeightSource, tuple[int, ...], WeightPolicy], dict[str, ov.Model]]
+
+
+@dataclass(frozen=True)
+class TargetFamily:
+    """One target family: how its checkpoints are read, built in each IR format and faked."""
+
+    name: str  # TargetConfig.family and the IRs' `ovbuild/family`
+    layouts: tuple[TargetLayout, ...]  # the checkpoint layouts it reads (architecture names, parser, loader)
+    config: type[TargetConfig]  # the class its parsers return
+    builders: Mapping[str, TargetBuilder]  # IR format (export.ir_formats.IR_FORMATS) -> the folder's IRs
+    states: tuple[Port, ...]  # per-sequence state inputs of its paged IR, one per layer that has them
+    tiny: Mapping[str, Callable[[Path], Path]]  # tiny checkpoint writers by name, one per published layout
+
+
+def _paged(build: Callable[..., ov.Model]) -> TargetBuilder:
+    def builder(cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy):
+        return {MODEL_STEM: build(cfg, weights, taps, policy)}
+
+    return builder
+
+
+def _genai(cfg: TargetConfig, weights: WeightSource, taps: tuple[int, ...], policy: WeightPolicy):
+    # GenAI locates every layer's output through rt_info and picks the draft's taps itself at load time.
+    return {MODEL_STEM: build_genai_target(cfg, weights, policy)}
+
+
+QWEN3 = TargetFamily(
+    name="qwen3",
+    layouts=(QWEN3_LAYOUT,),
+    config=TargetConfig,
+    builders={"paged": _paged(build_target), "genai": _genai},
+    states=(),
+    tiny={"qwen3": write_tiny_target},
+)
+QWEN3_5 = TargetFamily(
+    name="qwen3_5",  # Qwen3.5-family hybrids: Gated DeltaNet layers between gated full-attention layers
+    layouts=(HYBRID_LAYOUT,),
+    config=HybridTargetConfig,
+    builders={"paged": _paged(build_hybrid_target)},
+    states=(CONV_STATE, RECURRENT_STATE),
+    tiny={"qwen3_5": write_tiny_hybrid_target, "qwen3_5_text": partial(write_tiny_hybrid_target, text_only=True)},
+)
+
+TARGETS: tuple[TargetFamily, ...] = (QWEN3, QWEN3_5)
+# Architectures recognized as targets that no family reads, so that they fail with a clear message.
+REFUSED: dict[str, str] = {
+    "Qwen3_5MoeForConditionalGeneration": "a mixture-of-experts MLP (qwen3_5_moe)",
+    "Qwen3_5MoeForCausalLM": "a mixture-of-experts MLP (qwen3_5_moe)",
+    "Qwen3NextForCausalLM": "a mixture-of-experts MLP and fused in_proj_qkvz / in_proj_ba (qwen3_next)",
+}
+
+# Derived tables.
+BY_NAME: dict[str, TargetFamily] = {f.name: f for f in TARGETS}
+BY_ARCHITECTURE: dict[str, tuple[TargetFamily, TargetLayout]] = {
+    a: (f, layout) for f in TARGETS for layout in f.layouts for a in layout.architectures
+}
+SUPPORTED_TARGET_ARCHITECTURES: tuple[str, ...] = tuple(BY_ARCHITECTURE)
+TARGET_ARCHITECTURES: tuple[str, ...] = (*SUPPORTED_TARGET_ARCHITECTURES, *REFUSED)
+
+
+def find_target(config: dict, path: str) -> tuple[TargetFamily, TargetLayout]:
+    """The family and layout of a target's config.json (read from `path`), by `architectures[0]`."""
+    r = ConfigReader(config, path)
+    arch = r.architecture()
+    if arch in REFUSED:
+        raise UnsupportedError(f"{r.where('architectures')}: {arch} has {REFUSED[arch]}, not supported")
+    if arch not in BY_ARCHITECTURE:
+        raise UnsupportedError(
+            f"{r.where('architectures')}: unknown target architecture {arch!r} "
+            f"(supported: {', '.join(SUPPORTED_TARGET_ARCHITECTURES)})"
+        )
+    return BY_ARCHITECTURE[arch]
+
+
+def parse_target_config(config: dict, path: str) -> TargetConfig:
+    """The normalized config of a target's config.json (read from `path`)."""
+    return find_target(config, path)[1].parse(config, path)
+
+
+def load_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
+    """Normalized config and tensor source of a target checkpoint."""
+    return find_target(checkpoint.config, str(checkpoint.config_path))[1].load(checkpoint)
+
+
+def target_family(name: str) -> TargetFamily:
+    """The target family declared as `name` (a TargetConfig's family, a target IR's `ovbuild/family`)."""
+    if name not in BY_NAME:
+        raise UnsupportedError(f"unknown target family '{name}' (known: {', '.join(BY_NAME)})")
+    return BY_NAME[name]
+
+
+def target_builder(cfg: TargetConfig, ir_format: str = "paged") -> TargetBuilder:
+    """The builder of a target's IRs in `ir_format`; an error when its family does not have that format."""
+    f = target_family(cfg.family)
+    if ir_format not in f.builders:
+        having = [g.name for g in TARGETS if ir_format in g.builders]
+        raise UnsupportedError(
+            f"{cfg.architecture} ({f.name}): the {ir_format} IR format exists for {', '.join(having)} targets only "
+            f"({f.name} targets export as: {', '.join(f.builders)})"
+        )
+    return f.builders[ir_format]
+
+
+def build_target_models(
+    cfg: TargetConfig,
+    weights: WeightSource,
+    target_layer_ids: tuple[int, ...] = (),
+    policy: WeightPolicy | None = None,
+    ir_format: str = "paged",
+) -> dict[str, ov.Model]:
+    """All IRs of a target in `ir_format`, keyed by file stem."""
+    return target_builder(cfg, ir_format)(cfg, weights, tuple(target_layer_ids), policy or WeightPolicy())
+
+
+def build_paged_target(
+    cfg: TargetConfig, weights: WeightSource, target_layer_ids: tuple[int, ...] = (), policy: WeightPolicy | None = None
+) -> ov.Model:
+    """The paged target IR for `cfg` with the hidden states of `target_layer_ids` (a draft's taps)."""
+    return build_target_models(cfg, weights, target_layer_ids, policy)[MODEL_STEM]
