@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ovbuild.runtime.cache_manager import BlocksAndSlots
-from ovbuild.runtime.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
 from ovbuild.runtime.kv_cache import BlockAllocator, SequenceRows
 from ovbuild.runtime.state_pool import StatePool, StateSpec
 
@@ -116,8 +116,10 @@ class RandomDrafter(Drafter):
     def from_folder(cls, folder, model=None, **options) -> RandomDrafter:
         return cls()
 
-    def propose(self, items: list[DraftItem]) -> list[list[int]]:
-        return [self.rng.integers(0, VOCAB, i.num_tokens if i.anchor is not None else 0).tolist() for i in items]
+    def propose(self, items: list[DraftItem]) -> list[Proposal]:
+        return [
+            Proposal(self.rng.integers(0, VOCAB, i.num_tokens if i.anchor is not None else 0).tolist()) for i in items
+        ]
 
     def free(self, seq_id: int) -> None:
         self.blocks.free(seq_id)

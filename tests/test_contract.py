@@ -26,7 +26,7 @@ from ovbuild.ir import (
     read_ir,
 )
 from ovbuild.runtime.drafters import DSparkDrafter
-from ovbuild.runtime.folders import describe
+from ovbuild.runtime.folders import exported_model
 from ovbuild.testing import DSPARK_KINDS, TINY_DFLASH2, TINY_DRAFT, TINY_TARGET, write_tiny_dflash2, write_tiny_dspark
 
 REPO = Path(ovbuild.__file__).parent.parent
@@ -157,10 +157,10 @@ def edited(folder: Path, tmp_path: Path, pattern: str, replacement: str) -> Path
 def test_bad_draft_rt_info_names_the_file_and_key(folders, tmp_path, pattern, replacement, message):
     folder = edited(folders["draft"], tmp_path, pattern, replacement)
     if message is None:
-        assert describe(folder, read_ir(folder)).vocab_size == TINY_DRAFT["vocab_size"]  # from the logits' width
+        assert exported_model(folder, read_ir(folder)).vocab_size == TINY_DRAFT["vocab_size"]  # from the logits' width
         return
     with pytest.raises(ExportError, match=re.escape(message)) as e:
-        describe(folder, read_ir(folder))
+        exported_model(folder, read_ir(folder))
     assert str(folder / MODEL_FILE) in str(e.value)
 
 

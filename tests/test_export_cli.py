@@ -14,14 +14,14 @@ import pytest
 from tokenizers import Tokenizer
 
 from ovbuild import __version__
-from ovbuild.export.inspection import constants, flatten
+from ovbuild.export.inspection import constants
 from ovbuild.export.weight_formats import WEIGHT_FORMATS
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import core, read_ir
-from ovbuild.ir.rt_info import get_rt_info
+from ovbuild.ir.rt_info import flat_rt_info, get_rt_info
 from ovbuild.reference.dflash import DFlashReference
 from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.paged_model import PagedModel
@@ -98,7 +98,7 @@ def test_target_folder_holds_configs_tokenizer_and_provenance(exports, tiny_targ
         text = "hello, wörld"
         expected = Tokenizer.from_file(str(tiny_target / "tokenizer.json")).encode(text).ids
         assert encode([text])["input_ids"][0].tolist() == expected
-    rt = flatten(read_ir(out).get_rt_info())
+    rt = flat_rt_info(read_ir(out))
     expected = {
         "ovbuild/version": __version__,
         "ovbuild/openvino_version": ov.get_version(),
@@ -117,7 +117,7 @@ def test_draft_folder_holds_config_and_provenance(exports, tiny_draft, tiny_targ
     out = exports / "draft"
     assert {p.name for p in out.iterdir()} == {"config.json", "openvino_model.xml", "openvino_model.bin"}
     assert (out / "config.json").read_bytes() == (tiny_draft / "config.json").read_bytes()
-    rt = flatten(read_ir(out).get_rt_info())
+    rt = flat_rt_info(read_ir(out))
     assert rt["ovbuild/source"] == str(tiny_draft.resolve()) and rt["ovbuild/target_source"] == str(tiny_target)
     assert rt["ovbuild/kind"] == "draft" and rt["ovbuild/family"] == "dflash"
 
@@ -128,7 +128,7 @@ def test_default_weight_formats(tmp_path, capsys, tiny_draft, tiny_target):
     ovbuild(capsys, "export", "-m", tiny_target, tmp_path / "target")
     expected = {"draft": "int8", "target": "keep"}
     for kind, fmt in expected.items():
-        assert flatten(read_ir(tmp_path / kind).get_rt_info())["ovbuild/weight_format"] == fmt, kind
+        assert flat_rt_info(read_ir(tmp_path / kind))["ovbuild/weight_format"] == fmt, kind
 
 
 @pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
@@ -224,7 +224,7 @@ def test_overwrite_replaces_an_export_and_a_failure_keeps_the_old_one(
     (out / "marker").write_text("old export")
     assert ovbuild(capsys, *args, "--weight-format", "fp16").code == 0
     assert not (out / "marker").exists()
-    assert flatten(read_ir(out).get_rt_info())["ovbuild/weight_format"] == "fp16"
+    assert flat_rt_info(read_ir(out))["ovbuild/weight_format"] == "fp16"
     assert {p.split("/")[0] for p in snapshot(tmp_path)} == {"out"}
 
     (out / "marker").write_text("old export")

@@ -28,7 +28,7 @@ class PointMassDrafter(BlockDrafter):
         proposals = super().propose(items)
         sampled = [p for p, item in zip(proposals, items, strict=True) if item.sampling is not None and p]
         assert all(isinstance(p, Proposal) for p in sampled)
-        return [list(p) for p in proposals]
+        return [Proposal(p) for p in proposals]  # q dropped
 
 
 def scheduler(models, drafter_class=BlockDrafter, with_draft=True, blocks: int = 64) -> Scheduler:

@@ -12,8 +12,8 @@ import pytest
 import ovbuild.export.output_folder as output_folder
 import ovbuild.export.package as package
 import ovbuild.export.renames as renames
-from ovbuild.export.inspection import flatten
 from ovbuild.ir import read_ir
+from ovbuild.ir.rt_info import flat_rt_info
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.signals import deliver
 
@@ -33,7 +33,7 @@ def sigint_as_on_a_terminal():
 
 
 def weight_format(folder) -> str:
-    return flatten(read_ir(folder).get_rt_info())["ovbuild/weight_format"]
+    return flat_rt_info(read_ir(folder))["ovbuild/weight_format"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

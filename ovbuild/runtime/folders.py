@@ -30,7 +30,7 @@ class ExportedModel:
     context_length: int | None  # target: positions it serves
 
 
-def describe(folder: str | Path, model: ov.Model) -> ExportedModel:
+def exported_model(folder: str | Path, model: ov.Model) -> ExportedModel:
     """Read what `model` (the folder's openvino_model.xml) records about itself."""
     folder, path = Path(folder), Path(folder) / MODEL_FILE
     inputs = {p.get_any_name(): p for p in model.inputs}

@@ -19,7 +19,7 @@ from ovbuild.runtime.devices import (
     target_inference_precision,
 )
 from ovbuild.runtime.drafters import DRAFTERS, Drafter
-from ovbuild.runtime.folders import check_pair, context_length, describe, require_draft, require_target
+from ovbuild.runtime.folders import check_pair, context_length, exported_model, require_draft, require_target
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.prompts import prompt_list
@@ -80,12 +80,12 @@ class Pipeline:
         # Both folders are read and checked against each other before anything is compiled.
         target_dir = Path(target_dir)
         model = read_ir(target_dir)
-        target = describe(target_dir, model)
+        target = exported_model(target_dir, model)
         require_target(target)
         draft_model = None
         if draft_dir is not None:
             draft_model = read_draft_ir(draft_dir)
-            draft = describe(draft_dir, draft_model)
+            draft = exported_model(draft_dir, draft_model)
             require_draft(draft)
             drafter_class(draft_dir, draft_model, o)  # options the family does not take are refused first
             check_pair(target, draft)

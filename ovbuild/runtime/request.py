@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ovbuild.runtime.drafters.base import Proposal
 from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.speculation import AcceptanceStats
@@ -68,7 +69,7 @@ class Request:
     # tokens, from the first, whose taps the draft has been given or has pending; fewer than target_len after calls
     # that ran without taps (a gap, which ovbuild.runtime.catch_up closes before the request drafts again)
     taps_len: int = 0
-    proposal: list[int] = field(default_factory=list)  # draft tokens to verify in the next target call
+    proposal: Proposal = field(default_factory=Proposal)  # draft tokens to verify in the next target call
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     acceptance: AcceptanceStats | None = None  # per-position acceptance, for the draft-length plan
     skipped_at: int = 0  # the scheduler's count of plan-less steps when this request's share was last accounted

@@ -30,7 +30,7 @@ from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSI
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
-from ovbuild.runtime.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
 from ovbuild.runtime.kv_cache import sequence_rows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
@@ -283,7 +283,7 @@ class Scheduler:
                 accepted += 1
             committed = [*proposal[:accepted], greedy[accepted]]
         else:
-            q = getattr(proposal, "q", None)  # a sampled Proposal's draft distributions; else point masses
+            q = proposal.q  # a sampled proposal's draft distributions; None: point masses
             committed = verify_sampled(logits, list(proposal), q, sampling, len(request.generated))
             accepted = len(committed) - 1
         if self.trace:
@@ -298,7 +298,7 @@ class Scheduler:
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         if self.states is not None:
             self.states.keep(request.id, accepted)  # the state after row `accepted`: anchor + accepted drafts
-        request.proposal = []
+        request.proposal = Proposal()
         self._commit(request, committed)
 
     def _commit(self, request: Request, tokens: list[int]) -> None:

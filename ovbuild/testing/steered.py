@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
 
 
 @dataclass
@@ -79,7 +79,7 @@ class SteeredDrafter(Drafter):
     def describe(self) -> str:
         return self.inner.describe()
 
-    def propose(self, items: list[DraftItem]) -> list[list[int]]:
+    def propose(self, items: list[DraftItem]) -> list[Proposal]:
         self.calls += 1
         real = self.inner.propose(items)
         proposals = []
@@ -88,12 +88,12 @@ class SteeredDrafter(Drafter):
             self.seen[item.seq_id] = position
             if item.anchor is None or item.num_tokens == 0:
                 assert own == [], f"sequence {item.seq_id}: the drafter proposed {own} without an anchor"
-                proposals.append([])
+                proposals.append(Proposal())
                 continue
             if item.seq_id not in self.truths:  # not a request of the test (the scheduler's cost calibration)
                 proposals.append(own)
                 continue
-            proposals.append(self._steer(item, position))
+            proposals.append(Proposal(self._steer(item, position)))
         return proposals
 
     def _steer(self, item: DraftItem, position: int) -> list[int]:

@@ -24,17 +24,16 @@ class DraftItem:
 
 
 class Proposal(list):
-    """Proposed tokens that were sampled: `q` [n, V] holds the distribution each was drawn from, for verification.
+    """Proposed tokens, and for sampled ones `q` [n, V]: the distribution each was drawn from, for verification;
+    q None: point masses (greedy proposals). Cut with `head`, which keeps q aligned (slicing drops it, and a sampled
+    proposal verified as point masses stays lossless but accepts less)."""
 
-    A plain list of tokens is a point-mass proposal. Cut with `head`, which keeps q aligned (slicing drops it, and a
-    sampled proposal verified as point masses stays lossless but accepts less)."""
-
-    def __init__(self, tokens: list[int], q: np.ndarray):
+    def __init__(self, tokens: list[int] = (), q: np.ndarray | None = None):
         super().__init__(tokens)
-        self.q = q  # [n, V]
+        self.q = q  # [n, V] or None
 
     def head(self, n: int) -> Proposal:
-        return Proposal(self[:n], self.q[:n])
+        return Proposal(self[:n], None if self.q is None else self.q[:n])
 
 
 def sampled_proposal(item: DraftItem, logits: np.ndarray) -> Proposal:
@@ -73,9 +72,9 @@ class Drafter(ABC):
         the folder's openvino_model.xml when the caller has read it already."""
 
     @abstractmethod
-    def propose(self, items: list[DraftItem]) -> list[list[int]]:
-        """Commit each item's context rows and return up to `num_tokens` proposed tokens per item ([] if no anchor);
-        a family that samples its proposals for sampling items returns them as `Proposal`s."""
+    def propose(self, items: list[DraftItem]) -> list[Proposal]:
+        """Commit each item's context rows and return up to `num_tokens` proposed tokens per item (none if no
+        anchor); a family that samples its proposals for sampling items gives them their `q`."""
 
     def describe(self) -> str:
         """How the draft model runs, as its device compiled it (device, math, KV cache precision)."""

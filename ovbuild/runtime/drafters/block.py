@@ -16,7 +16,7 @@ import openvino as ov
 from ovbuild.ir import DraftIR, read_ir
 from ovbuild.ir.ports import CANDIDATE_INDICES, GREEDY_IDS, INPUT_IDS, LOGITS, POSITION_IDS, TAPS_IN, TOKEN_TYPE_IDS
 from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.drafters.base import Drafter, DraftItem, sampled_proposal
+from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal, sampled_proposal
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.padding import DRAFT_PADDING
 from ovbuild.runtime.paged_model import PagedModel
@@ -78,7 +78,7 @@ class BlockDrafter(Drafter):
         self.model.free(seq_id)
         self.committed.pop(seq_id, None)
 
-    def propose(self, items: list[DraftItem]) -> list[list[int]]:
+    def propose(self, items: list[DraftItem]) -> list[Proposal]:
         rows, blocks = [], []
         for item in items:
             # a block only as long as the proposals need (the DFlash authors' loop drafts shorter blocks too): the
@@ -97,7 +97,7 @@ class BlockDrafter(Drafter):
 
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
-    ) -> list[list[int]]:
+    ) -> list[Proposal]:
         """The first `num_tokens` candidate rows of each block: their argmax, or draws for a sampling request."""
         best, logits = outputs[GREEDY_IDS], outputs[LOGITS]  # [R], [R, V]
         proposals = []
@@ -105,7 +105,7 @@ class BlockDrafter(Drafter):
             rows = slice(candidate_begins[i], candidate_begins[i + 1])
             sampled = item.sampling is not None and item.num_tokens > 0
             proposals.append(
-                sampled_proposal(item, logits[rows]) if sampled else best[rows][: item.num_tokens].tolist()
+                sampled_proposal(item, logits[rows]) if sampled else Proposal(best[rows][: item.num_tokens].tolist())
             )
         return proposals
 

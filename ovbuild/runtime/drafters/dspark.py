@@ -22,7 +22,7 @@ from ovbuild.ir.ports import (
     LOGITS,
     PREDECESSOR_CONFIDENCE,
 )
-from ovbuild.runtime.drafters.base import DrafterOption, DraftItem, sampled_proposal
+from ovbuild.runtime.drafters.base import DrafterOption, DraftItem, Proposal, sampled_proposal
 from ovbuild.runtime.drafters.markov import MarkovDrafter
 from ovbuild.runtime.lattice import walk_tokens
 
@@ -74,10 +74,10 @@ class DSparkDrafter(MarkovDrafter):
 
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
-    ) -> list[list[int]]:
+    ) -> list[Proposal]:
         """Tokens of every candidate row (chain, lattice walk or argmax), cut by confidence and `num_tokens`."""
         if candidate_begins[-1] == 0:  # context rows only (prompts still prefilling): nothing to propose
-            return [[] for _ in items]
+            return [Proposal() for _ in items]
         if self.head is not None:
             outputs = {**outputs, **self.run_head(items, outputs, candidate_begins)}
         confidence = outputs.get(CONFIDENCE)  # [R]
@@ -97,7 +97,7 @@ class DSparkDrafter(MarkovDrafter):
             if self.head is None and item.sampling is not None and item.num_tokens > 0:
                 proposals.append(sampled_proposal(item, outputs[LOGITS][b:e]).head(keep))
             else:
-                proposals.append(tokens[b:e][: min(keep, item.num_tokens)].tolist())
+                proposals.append(Proposal(tokens[b:e][: min(keep, item.num_tokens)].tolist()))
         return proposals
 
 

@@ -12,7 +12,7 @@ import openvino as ov
 from ovbuild.errors import ConfigError
 from ovbuild.ir import MARKOV_HEAD_STEM
 from ovbuild.ir.ports import CANDIDATE_IDS, EDGE_SCORES
-from ovbuild.runtime.drafters.base import DraftItem
+from ovbuild.runtime.drafters.base import DraftItem, Proposal
 from ovbuild.runtime.drafters.markov import MarkovDrafter
 from ovbuild.runtime.lattice import greedy_walk
 
@@ -27,9 +27,9 @@ class LatticeDrafter(MarkovDrafter):
 
     def choose(
         self, items: list[DraftItem], outputs: dict[str, np.ndarray], candidate_begins: np.ndarray
-    ) -> list[list[int]]:
+    ) -> list[Proposal]:
         if candidate_begins[-1] == 0:
-            return [[] for _ in items]
+            return [Proposal() for _ in items]
         lattice = self.run_head(items, outputs, candidate_begins)
         paths = greedy_walk(lattice[CANDIDATE_IDS], lattice[EDGE_SCORES], candidate_begins)
-        return [path[: item.num_tokens].tolist() for path, item in zip(paths, items, strict=True)]
+        return [Proposal(path[: item.num_tokens].tolist()) for path, item in zip(paths, items, strict=True)]
