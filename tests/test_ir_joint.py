@@ -147,3 +147,16 @@ def test_records_of_other_kinds_read_as_absent():
     assert DFlash2Keys.from_model(model) is None and DSparkKeys.from_model(model) is None
     assert HybridKeys.from_model(model) is None
     assert dataclasses.asdict(Identity.from_model(model))["kind"] == "target"
+
+
+def test_older_exports_form_key_reads_as_the_ir_format():
+    """GenAI IRs once recorded their format under `ovbuild/form` (the builders') next to the export's
+    `ovbuild/ir_format`; now both write the one key, and an IR carrying only the old one still reads as GenAI."""
+    model = ov.Model([], [], "m")
+    write_rt_info(model, TargetIR(HeadGeometry(2, 16), 100, 64))
+    assert TargetIR.from_model(model).form == "paged"
+    model.set_rt_info("genai", ["ovbuild", "form"])
+    assert TargetIR.from_model(model).form == "genai"
+    fresh = ov.Model([], [], "m")
+    write_rt_info(fresh, TargetIR(HeadGeometry(2, 16), 100, 64, form="genai"), Provenance("/c", "local", "genai"))
+    assert Provenance.from_model(fresh).ir_format == "genai" and TargetIR.from_model(fresh).form == "genai"

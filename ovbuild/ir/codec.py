@@ -102,14 +102,18 @@ LOCATORS = Kind(_locators, write=lambda value: locators_json(value or {}))
 
 @dataclass(frozen=True)
 class Key:
-    """One rt_info key: its slash path and how its value reads."""
+    """One rt_info key: its slash path, how its value reads, and the paths older exports wrote it under (read when
+    the path is absent, never written)."""
 
     path: str
     kind: Kind = STR
+    formerly: tuple[str, ...] = ()
 
     def read(self, model: ov.Model, where: Where, required: bool = False) -> Any:
         """The typed value, None when absent (an error when `required`)."""
         text = get_rt_info(model, self.path)
+        for path in self.formerly:
+            text = get_rt_info(model, path) if text is None else text
         if text is None:
             if required:
                 raise ExportError(f"{where.text}: no rt_info '{self.path}' (not an ovbuild export, or a damaged one)")

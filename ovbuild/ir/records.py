@@ -30,10 +30,11 @@ GROUP_SIZE = Key("ovbuild/group_size", INT)
 ALL_LAYERS = Key("ovbuild/all_layers", BOOL)
 SOURCE = Key("ovbuild/source")
 REVISION = Key("ovbuild/revision")
-IR_FORMAT = Key("ovbuild/ir_format")
+# "paged" or "genai": builders write it on GenAI IRs, the export on every IR (exports before it was the builders' to
+# write also recorded GenAI IRs under "ovbuild/form", which reads the same)
+IR_FORMAT = Key("ovbuild/ir_format", formerly=("ovbuild/form",))
 TARGET_SOURCE = Key("ovbuild/target_source")
 TARGET_REVISION = Key("ovbuild/target_revision")
-FORM = Key("ovbuild/form")  # builders write "genai" on GenAI IRs; the export's IR_FORMAT says the same
 VOCAB_SIZE = Key("ovbuild/vocab_size", INT)
 HIDDEN_SIZE = Key("ovbuild/hidden_size", INT)
 TARGET_HIDDEN_SIZE = Key("ovbuild/target_hidden_size", INT)
@@ -148,7 +149,7 @@ class TargetIR(Record):
     hidden_size: int | None = rt(HIDDEN_SIZE)
     target_layer_ids: tuple[int, ...] = rt(TARGET_LAYER_IDS, (), when=_paged, absent=())
     context_length: int | None = rt(CONTEXT_LENGTH, None, when=_paged)  # positions it serves (paged)
-    form: str = rt(FORM, "paged", when=_genai, absent="paged")
+    form: str = rt(IR_FORMAT, "paged", when=_genai, absent="paged")
     # GenAI: layer -> producing node
     hidden_state_locators: dict[int, str] | None = rt(LOCATORS_KEY, None, when=_genai)  # noqa: RUF009
     family: str | None = rt(FAMILY, "qwen3")
@@ -170,7 +171,7 @@ class DraftIR(Record):
     vocab_size: int | None = rt(VOCAB_SIZE, None)
     hidden_size: int | None = rt(HIDDEN_SIZE, None)
     target_hidden_size: int | None = rt(TARGET_HIDDEN_SIZE, None)  # the hidden size of the target it reads
-    form: str = rt(FORM, "paged", when=_genai, absent="paged")
+    form: str = rt(IR_FORMAT, "paged", when=_genai, absent="paged")
     markov_head: str | None = rt(MARKOV_HEAD, None, when=SET)
 
     def markov_head_file(self, folder: str | Path) -> Path | None:

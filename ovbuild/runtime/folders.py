@@ -12,7 +12,7 @@ from pathlib import Path
 import openvino as ov
 
 from ovbuild.errors import CompatibilityError, ConfigError, ExportError, OvbuildError
-from ovbuild.ir import MODEL_FILE, DraftIR, Identity, Provenance, TargetIR, read_json
+from ovbuild.ir import MODEL_FILE, DraftIR, Identity, TargetIR, read_json
 from ovbuild.ir.ports import LOGITS, PAST_LENS, TAPS, TOKEN_TYPE_IDS
 
 
@@ -37,11 +37,10 @@ def exported_model(folder: str | Path, model: ov.Model) -> ExportedModel:
     outputs = {p.get_any_name(): p for p in model.outputs}
     kind = Identity.from_model(model, path).kind or ("draft" if TOKEN_TYPE_IDS in inputs else "target")
     ir = DraftIR.from_model(model, path) if kind == "draft" else TargetIR.from_model(model, path)
-    genai = "genai" in (ir.form, Provenance.from_model(model, path).ir_format)
     return ExportedModel(
         folder=folder,
         kind=kind,
-        form="genai" if genai or PAST_LENS not in inputs else "paged",
+        form="genai" if ir.form == "genai" or PAST_LENS not in inputs else "paged",
         vocab_size=ir.vocab_size or _last_dim(outputs.get(LOGITS)),
         hidden_size=ir.target_hidden_size if isinstance(ir, DraftIR) else ir.hidden_size,
         tap_layers=ir.target_layer_ids,
