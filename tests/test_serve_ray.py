@@ -22,6 +22,7 @@ from ovbuild.demo import export_pair, shipped_pair  # noqa: E402
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, RuntimeOptions  # noqa: E402
 from ovbuild.serve.affinity import AffinityConfig  # noqa: E402
 from ovbuild.serve.server import BackgroundServer, build_app  # noqa: E402
+from ovbuild.testing.tokenizer import CHAT_TEMPLATE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,11 @@ SYSTEM = "You are a careful assistant that answers questions about Python code i
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    return export_pair(*shipped_pair(), tmp_path_factory.mktemp("serve_ray"))
+    """The exported demo pair; its target gets a chat template (the demo checkpoint ships none) as checkpoints ship
+    one, in chat_template.jinja, so conversations can be served."""
+    target, draft = export_pair(*shipped_pair(), tmp_path_factory.mktemp("serve_ray"))
+    (target / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    return target, draft
 
 
 @pytest.fixture(scope="module")

@@ -199,6 +199,7 @@ class Ingress:
     def __init__(self, engines, affinity: AffinityConfig):
         self.engines = engines
         self.affinity = affinity
+        self.app_name = serve.get_replica_context().app_name  # the engines are in the same application
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -224,9 +225,9 @@ class Ingress:
 
     async def _replicas(self) -> list[str]:
         """Live engine replica ids, as the router knows them (a first call makes the router learn them)."""
-        if not affinity.LIVE_REPLICAS.get(APP_NAME):
+        if not affinity.LIVE_REPLICAS.get(self.app_name):
             await self.engines.health.remote()
-        return sorted(affinity.LIVE_REPLICAS.get(APP_NAME, ()))
+        return sorted(affinity.LIVE_REPLICAS.get(self.app_name, ()))
 
     async def _gather(self, method: str) -> list:
         """One call of `method` on each live replica, in turn: calls made within one HTTP request share its internal

@@ -25,7 +25,7 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
     try:
         from ray import serve
 
-        from ovbuild.serve.ray_app import RayOptions, build_ray_app, start
+        from ovbuild.serve.ray_app import APP_NAME, RayOptions, build_ray_app, start
     except ImportError as e:
         raise MissingDependencyError(
             f"ovbuild serve --replicas needs Ray Serve: pip install 'ovbuild[ray]' ({e})"
@@ -59,5 +59,5 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        serve.delete("ovbuild")
+        serve.delete(APP_NAME)
     return 0
