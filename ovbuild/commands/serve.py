@@ -34,6 +34,19 @@ def register(subparsers) -> None:
         help="completion budget of chat requests that set no max_tokens (completions default to 16, as OpenAI)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument(
+        "--replicas",
+        type=int,
+        help="serve from N Ray Serve replicas, each with its own engine, behind a prefix-affinity router (needs "
+        "pip install 'ovbuild[ray]'; default: one process, no Ray)",
+    )
+    p.add_argument("--ray-address", help="with --replicas: the Ray cluster to join (default: a local Ray instance)")
+    p.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=1.0,
+        help="with --replicas: CPUs Ray reserves for each replica, and its OpenVINO threads (rounded up)",
+    )
     add_runtime_arguments(p)
     p.set_defaults(run=run)
 
@@ -41,6 +54,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ovbuild.errors import MissingDependencyError
     from ovbuild.serve.server import build_app
+
+    if args.replicas is not None:
+        from ovbuild.serve.ray_cli import serve_on_ray
+
+        return serve_on_ray(args, runtime_options(args))
 
     app = build_app(
         args.target,

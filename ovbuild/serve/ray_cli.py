@@ -1,0 +1,63 @@
+"""`ovbuild serve --replicas N [--ray-address ADDR]`: deploy the Ray Serve application and serve until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from ovbuild.errors import ConfigError, MissingDependencyError, OvbuildError
+from ovbuild.runtime.pipeline import RuntimeOptions
+
+
+def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
+    """Start (or join) Ray, deploy N engine replicas behind the ingress on host:port, block until Ctrl-C."""
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be at least 1, got {args.replicas}")
+    if not args.replica_cpus > 0:
+        raise ConfigError(f"--replica-cpus must be positive, got {args.replica_cpus}")
+    if args.ray_address is None:  # a local instance: the folders are here (on a cluster they are on the workers)
+        for flag, folder in (("--target", args.target), ("--draft", args.draft)):
+            if folder is not None and not Path(folder).is_dir():
+                raise ConfigError(f"{flag} {folder}: no such folder")
+    try:
+        from ray import serve
+
+        from ovbuild.serve.ray_app import APP_NAME, RayOptions, build_ray_app, start
+    except ImportError as e:
+        raise MissingDependencyError(
+            f"ovbuild serve --replicas needs Ray Serve: pip install 'ovbuild[ray]' ({e})"
+        ) from e
+    ray_options = RayOptions(
+        replicas=args.replicas,
+        replica_cpus=args.replica_cpus,
+        threads=max(1, math.ceil(args.replica_cpus)),
+        address=args.ray_address,
+    )
+    app = build_ray_app(
+        args.target,
+        args.draft,
+        options,
+        args.served_model_name,
+        args.max_requests,
+        args.default_max_tokens,
+        ray_options,
+    )
+    try:
+        start(app, args.host, args.port, args.ray_address)
+    except RuntimeError as e:  # serve.run: a replica's constructor failed (a bad folder, too little memory, ...)
+        raise OvbuildError(f"ovbuild serve --replicas: the replicas did not start: {e}") from e
+    print(
+        f"ovbuild serve: {args.replicas} replicas on Ray Serve at http://{args.host}:{args.port} (Ctrl-C stops)",
+        file=sys.stderr,
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.delete(APP_NAME)
+    return 0
