@@ -141,6 +141,10 @@ class PagedModel:
             self.cache = cache_from.cache
             for name, tensor in self.cache.tensors.items():
                 self.request.set_tensor(name, tensor)
+        # the cache's blocks (and a hybrid target's state slots), as the scheduler reserves and commits them
+        self.cache_manager: CacheManager = (
+            self.cache.allocator if self.states is None else BlocksAndSlots(self.cache.allocator, self.states)
+        )
         self.output_names = [o.get_any_name() for o in self.compiled.outputs]
         self.binder = InputBinder(self.request, self.compiled.inputs, set(self.cache.names))
         self.static: StaticCopies | None = None
@@ -205,13 +209,6 @@ class PagedModel:
         math = precision("INFERENCE_PRECISION_HINT")
         note = f" ({asked} asked)" if asked and asked != math else ""
         return f"{device}, {math} math{note}, {precision('KV_CACHE_PRECISION')} KV cache"
-
-    @property
-    def cache_manager(self) -> CacheManager:
-        """The cache's blocks (and a hybrid target's state slots), as the scheduler reserves them."""
-        if self.states is None:
-            return self.cache.allocator
-        return BlocksAndSlots(self.cache.allocator, self.states)
 
     @property
     def vocab_size(self) -> int | None:
