@@ -6,6 +6,7 @@ import pytest
 
 from ovbuild.errors import CacheExhaustedError
 from ovbuild.runtime.kv_cache import BlockAllocator
+from ovbuild.runtime.prefix import chain_hashes
 
 
 def test_reserve_grows_tables_and_free_returns_every_block():
@@ -30,3 +31,35 @@ def test_exhaustion_raises_and_changes_nothing():
         a.reserve(1, 16)
     assert a.free_blocks == 1 and 1 not in a.tables
     assert a.fits(32) and not a.fits(33) and a.can_hold(1, 8) and not a.can_hold(1, 9)
+
+
+def test_registered_blocks_are_shared_by_reference_and_the_least_recently_freed_are_evicted_first():
+    a = BlockAllocator(num_blocks=6, block_size=4)
+    hashes = chain_hashes(list(range(12)), 4, [])
+    a.reserve(0, 12)
+    a.register(0, hashes)  # blocks 0, 1, 2 hold three full blocks of committed tokens
+    a.reserve(1, 4)  # block 3, never registered
+    a.free(1)
+    a.free(0)
+    a.check()
+    assert a.free_blocks == 6 and a.lookup(hashes) == [0, 1, 2]  # freed, still cached
+    a.share(2, a.lookup(hashes[:2]))
+    a.share(3, a.lookup(hashes[:1]))
+    assert a.refs[:3] == [2, 1, 0] and a.free_blocks == 4
+    # unregistered blocks go first (block 3, then the never used 4 and 5), then the registered ones, the last block of
+    # a freed sequence before its first: block 2 is evicted and its hash with it
+    assert a.reserve(4, 16) == [3, 4, 5, 2]
+    assert a.lookup(hashes) == [0, 1] and a.evictions == 1
+    with pytest.raises(CacheExhaustedError):
+        a.reserve(5, 4)
+    for seq in (2, 3, 4):
+        a.free(seq)
+    a.check()
+    assert a.free_blocks == 6 and a.refs == [0] * 6 and not a.tables
+
+
+def test_block_hashes_chain_over_the_whole_prefix():
+    ones = chain_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4, [])
+    other = chain_hashes([9, 2, 3, 4, 5, 6, 7, 8], 4, [])
+    assert len(ones) == 2 and ones[0] != other[0] and ones[1] != other[1]  # equal second blocks, other parents
+    assert chain_hashes([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, ones[:1]) == ones  # extended from the known ones, equal

@@ -31,6 +31,7 @@ PLANNER = ("tests/test_speculation.py",)
 SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
 UNTAPPED = ("tests/test_untapped.py",)
+PREFIX = ("tests/test_kv_cache.py", "tests/test_prefix_caching.py", "tests/test_hybrid_prefix_caching.py")
 NARROW = ("tests/test_narrow_weights.py",)
 
 MUTANTS = (
@@ -227,9 +228,44 @@ MUTANTS = (
     Mutant(
         "kv-free-keeps-blocks",
         "ovbuild/runtime/kv_cache.py",
-        "self._free.extend(reversed(table[self.borrowed.pop(seq_id, 0) :]))",
-        "self.borrowed.pop(seq_id, 0)",
+        "                self._free[block] = None\n",
+        "",
         ("tests/test_kv_cache.py", *SPECULATIVE),
+    ),
+    Mutant(
+        "kv-free-evicts-registered-blocks-first",
+        "ovbuild/runtime/kv_cache.py",
+        "                if block not in self.block_hash:\n",
+        "                if True:\n",
+        PREFIX,
+    ),
+    Mutant(
+        "kv-register-overwrites-a-registered-hash",
+        "ovbuild/runtime/kv_cache.py",
+        "if block not in self.block_hash and digest not in self.cached:",
+        "if block not in self.block_hash:",
+        PREFIX,
+    ),
+    Mutant(
+        "scheduler-preempted-request-keeps-its-length",
+        "ovbuild/runtime/scheduler.py",
+        "request.target_len = request.taps_len = request.pending_rows = 0",
+        "request.taps_len = request.pending_rows = 0",
+        PREFIX,
+    ),
+    Mutant(
+        "scheduler-hit-takes-the-last-context-token",
+        "ovbuild/runtime/scheduler.py",
+        "limit = request.context_len - 1",
+        "limit = request.context_len",
+        PREFIX,
+    ),
+    Mutant(
+        "hybrid-hit-without-its-snapshot",
+        "ovbuild/runtime/cache_manager.py",
+        "            self.states.restore(seq_id, self.snapshots[digest])\n",
+        "",
+        PREFIX,
     ),
     # -- scheduler and metrics ----------------------------------------------------------------------------------------
     Mutant(
@@ -513,8 +549,8 @@ MUTANTS = (
     Mutant(
         "fork-frees-borrowed-blocks",
         "ovbuild/runtime/kv_cache.py",
-        "self._free.extend(reversed(table[self.borrowed.pop(seq_id, 0) :]))",
-        "self._free.extend(reversed(table))",
+        "self.share(seq_id, source_table[:whole])",
+        "self.tables[seq_id] = source_table[:whole]",
         UNTAPPED,
     ),
     Mutant(

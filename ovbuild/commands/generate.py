@@ -121,6 +121,13 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-cache-mb", type=float, default=FAST_DRAFT.cache_mb, help="draft KV cache size in MB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the cached blocks of a prefix earlier requests computed (default: on)",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once, at most (default: 256)")
+    p.add_argument(
         "--static-rows",
         choices=tuple(STATIC_ROWS),
         default="auto",
@@ -152,7 +159,14 @@ def runtime_options(args: argparse.Namespace):
     # Only options set away from their defaults reach the drafter, so drafts of other families keep working.
     draft_options = {o.name: getattr(args, o.name) for o in DRAFTER_OPTIONS if getattr(args, o.name) != o.default}
     return RuntimeOptions(
-        args.device, target, draft, args.max_num_batched_tokens, draft_options, max_model_len=args.max_model_len
+        args.device,
+        target,
+        draft,
+        args.max_num_batched_tokens,
+        draft_options,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+        max_num_seqs=args.max_num_seqs,
     )
 
 
@@ -181,6 +195,7 @@ def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
         check_kv_precision(args.device, args.draft_kv_cache_precision, precision, "--draft-kv-cache-precision")
     if args.max_model_len is not None:
         check_positive_int(args.max_model_len, "--max-model-len")
+    check_positive_int(args.max_num_seqs, "--max-num-seqs")
 
 
 def read_prompts(args: argparse.Namespace) -> list[str | list[int]]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from itertools import accumulate
-from typing import NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -19,39 +19,39 @@ from ovbuild.ir.ports import (
     VALUE_CACHE,
 )
 from ovbuild.runtime.cache_manager import CacheManager
+from ovbuild.runtime.rows import SequenceRows, sequence_rows
 
-
-class SequenceRows(NamedTuple):
-    """One sequence's part of a packed call: its id, tokens already cached, and rows written by this call (a tuple:
-    the scheduler makes one per request per call, and a frozen dataclass took 3x as long to make)."""
-
-    seq_id: int
-    past_len: int
-    num_rows: int
-
-
-def sequence_rows(seq_id: int, past_len: int, num_rows: int, one_per_row: bool) -> list[SequenceRows]:
-    """A sequence's rows of a call: one subsequence, or (one_per_row) a 1-row subsequence per row, each attending to
-    the rows before it (how verification rows run on CPU: see PagedModel.row_subsequences)."""
-    if one_per_row:
-        return [SequenceRows(seq_id, past_len + i, 1) for i in range(num_rows)]
-    return [SequenceRows(seq_id, past_len, num_rows)]
+__all__ = ["BlockAllocator", "PagedKVCache", "SequenceRows", "cache_block_size", "sequence_rows"]
 
 
 class BlockAllocator(CacheManager):
-    """Fixed pool of KV cache blocks; each sequence owns a list of blocks in logical order."""
+    """Fixed pool of KV cache blocks; each sequence holds a table of blocks in logical order.
+
+    Blocks are reference counted: a full block of committed tokens can be registered under its chained hash
+    (ovbuild.runtime.prefix) and shared by every sequence whose prefix hashes the same. A block nobody holds goes back
+    to the free queue; a registered one keeps its contents and its hash there, and is reused by a later hit until its
+    room is needed: blocks are taken from the front of the queue, unregistered ones (nothing lost) are put there, and
+    registered ones at the back (least recently freed go first)."""
 
     def __init__(self, num_blocks: int, block_size: int, pinned: dict[int, list[int]] | None = None):
         """pinned: tables held for good by blocks outside the pool (ids from num_blocks on), e.g. padding rows'."""
         self.num_blocks, self.block_size = num_blocks, block_size
-        self._free = list(range(num_blocks - 1, -1, -1))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front = taken next
+        self.refs = [0] * num_blocks
         self.tables: dict[int, list[int]] = {}
         self.pinned = pinned or {}
-        self.borrowed: dict[int, int] = {}  # sequence -> leading blocks of its table that another sequence owns
+        self.cached: dict[bytes, int] = {}  # block hash -> block
+        self.block_hash: dict[int, bytes] = {}  # block -> its hash, for the registered blocks
+        self.evictions = 0
 
     @property
     def free_blocks(self) -> int:
         return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks some sequence holds."""
+        return self.num_blocks - len(self._free)
 
     def blocks_needed(self, seq_id: int, length: int) -> int:
         """Blocks still to allocate for `seq_id` to hold `length` tokens."""
@@ -59,6 +59,16 @@ class BlockAllocator(CacheManager):
 
     def can_hold(self, seq_id: int, length: int) -> bool:
         return self.blocks_needed(seq_id, length) <= self.free_blocks
+
+    def _take(self) -> int:
+        """The block at the front of the free queue, its registration dropped (its contents are about to change)."""
+        block, _ = self._free.popitem(last=False)
+        digest = self.block_hash.pop(block, None)
+        if digest is not None:
+            del self.cached[digest]
+            self.evictions += 1
+        self.refs[block] = 1
+        return block
 
     def reserve(self, seq_id: int, length: int) -> list[int]:
         """Grow `seq_id`'s table to hold `length` tokens and return it; raises CacheExhaustedError (changing nothing)
@@ -74,13 +84,42 @@ class BlockAllocator(CacheManager):
                 f"sequence {seq_id} needs {need} more cache blocks for {length} tokens, "
                 f"{self.free_blocks} of {self.num_blocks} are free"
             )
-        table.extend(self._free.pop() for _ in range(need))
+        table.extend(self._take() for _ in range(need))
         self.tables[seq_id] = table
         return table
 
+    def lookup(self, hashes: list[bytes]) -> list[int]:
+        """The registered blocks of the longest run of `hashes` from the first."""
+        blocks = []
+        for digest in hashes:
+            block = self.cached.get(digest)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def share(self, seq_id: int, blocks: list[int]) -> None:
+        """Start `seq_id`'s (empty) table with `blocks`, registered blocks it reads and never writes."""
+        if self.tables.get(seq_id):
+            raise ValueError(f"sequence {seq_id} holds blocks already: shared blocks start a table")
+        for block in blocks:
+            if self.refs[block] == 0:
+                del self._free[block]
+            self.refs[block] += 1
+        self.tables[seq_id] = list(blocks)
+
+    def register(self, seq_id: int, hashes: list[bytes]) -> None:
+        """Register the first len(hashes) blocks of `seq_id`'s table (full of committed tokens) under `hashes`. A
+        block whose hash is registered already (the same prefix computed twice at once) stays unregistered."""
+        table = self.tables.get(seq_id, [])
+        for block, digest in zip(table, hashes, strict=False):
+            if block not in self.block_hash and digest not in self.cached:
+                self.cached[digest] = block
+                self.block_hash[block] = digest
+
     def fork(self, seq_id: int, source: int, shared: int, length: int) -> tuple[int, int] | None:
         """A table for `seq_id` holding `length` tokens whose first `shared` tokens are `source`'s: the whole blocks
-        among them are borrowed from `source` (read, never written), every other block is fresh. Returns (source
+        among them are shared with `source` (read, never written), every other block is fresh. Returns (source
         block, fresh block) when `shared` ends inside a block, whose tokens the caller must copy; raises
         CacheExhaustedError (changing nothing) when too few blocks are free."""
         whole = shared // self.block_size
@@ -91,14 +130,31 @@ class BlockAllocator(CacheManager):
                 f"{self.free_blocks} of {self.num_blocks} are free"
             )
         source_table = self.tables[source]
-        self.tables[seq_id] = source_table[:whole] + [self._free.pop() for _ in range(need)]
-        self.borrowed[seq_id] = whole
+        self.share(seq_id, source_table[:whole])
+        self.tables[seq_id] += [self._take() for _ in range(need)]
         return (source_table[whole], self.tables[seq_id][whole]) if shared % self.block_size else None
 
     def free(self, seq_id: int) -> None:
-        """Return every block of `seq_id` to the pool (but those it borrowed: see `fork`)."""
-        table = self.tables.pop(seq_id, [])
-        self._free.extend(reversed(table[self.borrowed.pop(seq_id, 0) :]))
+        """Drop `seq_id`'s hold on every block of its table; a block nobody holds any more goes back to the queue,
+        a registered one (still reusable by a hit) at the back, another at the front."""
+        for block in reversed(self.tables.pop(seq_id, [])):  # its last blocks leave the cache first
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self._free[block] = None
+                if block not in self.block_hash:
+                    self._free.move_to_end(block, last=False)
+
+    def check(self) -> None:
+        """Raise AssertionError unless every count agrees: references with the tables, the free queue with the
+        blocks nobody holds, registrations both ways (a test's invariant)."""
+        held = [0] * self.num_blocks
+        for seq_id, table in self.tables.items():
+            for block in table:
+                held[block] += 1
+            assert len(set(table)) == len(table), f"sequence {seq_id} holds a block twice"
+        assert held == self.refs, "reference counts disagree with the tables"
+        assert set(self._free) == {b for b in range(self.num_blocks) if held[b] == 0}, "free queue disagrees"
+        assert {b: d for d, b in self.cached.items()} == self.block_hash, "registrations disagree"
 
 
 def cache_block_size(compiled: ov.CompiledModel) -> int:

@@ -86,6 +86,10 @@ class RunMetrics:
     calibration_s: float = 0.0  # timing calls for the draft-length planner (once per pipeline, in its first step)
     wall_s: float = 0.0
     catch_up_rows: int = 0  # committed rows the target ran again for the taps it had left out (runtime.catch_up)
+    # prefix caching, counted in tokens as vLLM counts them: context tokens looked up at admission, and found cached
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0  # running requests sent back to the queue for lack of blocks
 
     def add(self, m: RequestMetrics) -> None:
         """Fold one finished request's counters into the totals."""
@@ -112,6 +116,14 @@ class RunMetrics:
         self.calibration_s += other.calibration_s
         self.wall_s += other.wall_s
         self.catch_up_rows += other.catch_up_rows
+        self.prefix_cache_queries += other.prefix_cache_queries
+        self.prefix_cache_hits += other.prefix_cache_hits
+        self.num_preemptions += other.num_preemptions
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the context tokens looked up that were found cached."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     @property
     def host_s(self) -> float:
@@ -141,6 +153,10 @@ class RunMetrics:
             "calibration_ms": round(self.calibration_s * 1e3, 2),
             "host_ms": round(self.host_s * 1e3, 2),
             "catch_up_rows": self.catch_up_rows,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hit_rate": round(self.prefix_cache_hit_rate, 4),
+            "num_preemptions": self.num_preemptions,
         }
 
 

@@ -126,7 +126,7 @@ class PagedModel:
             self.cache = cache_from.cache
             for name, tensor in self.cache.tensors.items():
                 self.request.set_tensor(name, tensor)
-        # the scheduler reserves through this, every step: made once
+        # the cache's blocks (and a hybrid target's state slots), as the scheduler reserves and commits them: made once
         self.cache_manager: CacheManager = (
             self.cache.allocator if self.states is None else BlocksAndSlots(self.cache.allocator, self.states)
         )

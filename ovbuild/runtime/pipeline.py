@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from ovbuild.errors import ConfigError, ExportError, RequestError
 from ovbuild.ir import MODEL_FILE, Identity, read_ir, read_json
+from ovbuild.runtime.cache_manager import BlocksAndSlots
 from ovbuild.runtime.devices import (
     check_device,
     check_kv_precision,
@@ -24,7 +25,7 @@ from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.prompts import prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
-from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.state_pool import state_specs
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
@@ -66,6 +67,13 @@ class RuntimeOptions:
     draft_options: dict = field(default_factory=dict)
     # Longest prompt + max_new_tokens served; None = the target's max_position_embeddings (it can only lower it).
     max_model_len: int | None = None
+    # Reuse cached blocks of equal prefixes (vLLM's and GenAI's name); requests running at once (vLLM's name).
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    # A hybrid target's linear-attention state is copied aside every state_snapshot_interval tokens (rounded to whole
+    # cache blocks), at most max_state_snapshots copies: a prefix hit resumes from the last one (docs/serving.md).
+    state_snapshot_interval: int = 256
+    max_state_snapshots: int = 16
 
 
 class Pipeline:
@@ -97,6 +105,10 @@ class Pipeline:
         self.target = PagedModel(
             model, o.device, t.kv_cache_precision, math, cache_mb=t.cache_mb, static_rows=t.static_rows
         )
+        cache = self.target.cache_manager
+        if isinstance(cache, BlocksAndSlots):
+            interval = max(1, round(o.state_snapshot_interval / cache.block_size)) * cache.block_size
+            cache.keep_snapshots(interval, o.max_state_snapshots)
         self.drafter = load_drafter(draft_dir, o, draft_model) if draft_dir is not None else None
         # one planner for every scheduler of this pipeline: call costs are measured once and keep improving, and the
         # run-wide acceptance carries over from one generate call to the next
@@ -127,6 +139,8 @@ class Pipeline:
             trace,
             self.max_model_len,
             self.speculation if use_draft else None,
+            enable_prefix_caching=self.options.enable_prefix_caching,
+            max_num_seqs=self.options.max_num_seqs,
         )
 
     def encode(self, text: str, what: str = "prompt") -> list[int]:
@@ -238,6 +252,10 @@ def check_options(options: RuntimeOptions, with_draft: bool) -> None:
         check_kv_precision(options.device, model.kv_cache_precision, precision, f"{name} kv_cache_precision")
     if options.max_model_len is not None:
         check_positive_int(options.max_model_len, "max_model_len")
+    check_positive_int(options.max_num_seqs, "max_num_seqs")
+    check_positive_int(options.state_snapshot_interval, "state_snapshot_interval")
+    if int(options.max_state_snapshots) != options.max_state_snapshots or options.max_state_snapshots < 0:
+        raise ConfigError(f"max_state_snapshots = {options.max_state_snapshots} must be an integer >= 0")
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:

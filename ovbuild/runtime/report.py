@@ -15,6 +15,11 @@ def format_metrics(metrics: RunMetrics, with_draft: bool) -> str:
         f"time split           target {m.target_infer_s * 1e3:.1f} ms, draft {m.draft_infer_s * 1e3:.1f} ms, "
         f"host {m.host_s * 1e3:.1f} ms" + (f", calibration {m.calibration_s * 1e3:.1f} ms" if m.calibration_s else ""),
     ]
+    if m.prefix_cache_queries:
+        lines.append(
+            f"prefix cache         {m.prefix_cache_hits}/{m.prefix_cache_queries} prompt tokens cached "
+            f"({m.prefix_cache_hit_rate:.1%} hit rate), {m.num_preemptions} preemptions"
+        )
     if with_draft and r.num_draft_tokens:
         lines.append(
             f"acceptance           {r.num_accepted_tokens}/{r.num_draft_tokens} draft tokens "
@@ -42,7 +47,7 @@ def results_json(prompts: list[str], requests: list[Request], metrics: RunMetric
             "prompt": prompt,
             "generated_ids": request.generated,
             "text": request.text,
-            "finish_reason": request.finish_reason,
+            "finish_reason": None if request.finish_reason is None else str(request.finish_reason),
             "metrics": request.metrics.as_dict(),
         }
         if trace:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ovbuild.runtime.drafters.base import Proposal
 from ovbuild.runtime.metrics import RequestMetrics
+from ovbuild.runtime.prefix import chain_hashes
 from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.speculation import AcceptanceStats
 from ovbuild.runtime.validation import check_positive_int, check_stop_strings
@@ -52,6 +53,20 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+class FinishReason(str, enum.Enum):
+    """Why a request finished (a str: equal to its value, and written as it in JSON)."""
+
+    STOP = "stop"  # an EOS token
+    STOP_STRING = "stop_string"
+    LENGTH = "length"  # max_new_tokens
+    ABORT = "abort"  # its client went away, or a streamer stopped it
+    SHUTDOWN = "shutdown"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(eq=False)
 class Request:
     """One sequence: prompt, committed tokens, and where target and draft caches stand."""
@@ -61,7 +76,7 @@ class Request:
     config: GenerationConfig
     status: Status = Status.WAITING
     generated: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     text: str = ""
     target_len: int = 0  # tokens committed to the target cache (the anchor is not among them)
     pending_taps: list[np.ndarray] = field(default_factory=list)  # target taps the draft has not seen yet
@@ -74,6 +89,23 @@ class Request:
     acceptance: AcceptanceStats | None = None  # per-position acceptance, for the draft-length plan
     skipped_at: int = 0  # the scheduler's count of plan-less steps when this request's share was last accounted
     trace: list[dict] = field(default_factory=list)
+    hashes: dict[int, list[bytes]] = field(default_factory=dict)  # block size -> chained hashes of committed blocks
+    num_cached_tokens: int = 0  # prompt tokens its last admission found cached (prefix caching)
+    num_preemptions: int = 0
+
+    @property
+    def context_len(self) -> int:
+        """Tokens the target cache holds before the request decodes: its prompt, and after a preemption the tokens
+        it had committed (all but the last generated one, the anchor of its next verification)."""
+        return len(self.prompt) + max(len(self.generated) - 1, 0)
+
+    def block_hashes(self, block_size: int, length: int) -> list[bytes]:
+        """Chained hashes (ovbuild.runtime.prefix) of the full blocks among the first `length` committed tokens."""
+        known = self.hashes.get(block_size, [])
+        if len(known) < length // block_size:
+            known = chain_hashes(self.committed(0, length), block_size, known)
+            self.hashes[block_size] = known
+        return known[: length // block_size]
 
     def add_taps(self, taps: np.ndarray) -> None:
         """Keep target taps for the draft; `taps` must not be overwritten later (not a view of an output tensor)."""

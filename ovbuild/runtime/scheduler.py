@@ -1,14 +1,19 @@
 """Continuous batching with speculative decoding: one target call and one draft call per step for all requests.
 
-Each step:
-  1. admit waiting requests whose worst-case length fits both caches (others wait; nothing is ever evicted);
-  2. one target call packs the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a 1-row
-     subsequence, so that it rounds as a decode step does) and prompt chunks of prefilling ones (bounded by
-     max_num_batched_tokens);
-  3. greedy verification: accept the longest prefix where d_i equals the target's argmax, then the target's token
-     (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits);
-     the rejected rows need no cleanup, the next call's past_lens (the committed length) overwrites them; a hybrid
-     target's linear-attention states are kept from the last accepted row (ovbuild.runtime.state_pool);
+Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
+  1. `schedule()` returns a StepPlan: the running requests take the blocks this step's rows need (blocks on demand;
+     when the pool runs out the most recently admitted running request is preempted: its blocks are freed and it
+     goes back to the front of the queue, to be recomputed later with its committed tokens joined to its prompt),
+     then waiting requests are admitted, each starting on the longest prefix every cache holds (prefix caching,
+     ovbuild.runtime.prefix), and the target call is packed: the verification rows [anchor, d1..dk] of decoding
+     requests (on CPU each row a 1-row subsequence, so that it rounds as a decode step does) and prompt chunks of
+     prefilling ones (bounded by max_num_batched_tokens);
+  2. `execute(plan)` runs the target call;
+  3. `update(plan, outputs)` verifies: greedy, the longest prefix where d_i equals the target's argmax, then the
+     target's token (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits); the cache
+     manager commits the accepted rows (registering full blocks for prefix caching, keeping a hybrid target's
+     linear-attention state after the last accepted row) and the rejected rows are never committed: the next call's
+     past_lens overwrites them; finished requests free their blocks;
   4. the draft length of every decoding request is chosen (pinned by num_assistant_tokens, else by
      ovbuild.runtime.speculation from measured call costs and each request's acceptance; 0 = no draft for it);
   5. one draft call, when any request drafts, packs per request the target taps it has not seen and a block of the
@@ -20,8 +25,10 @@ draft again first gets the taps it missed (ovbuild.runtime.catch_up).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,13 +38,38 @@ from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
-from ovbuild.runtime.kv_cache import sequence_rows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
-from ovbuild.runtime.request import GenerationConfig, Request, Status
+from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
+from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
-from ovbuild.runtime.validation import check_prompt, token_ids
+from ovbuild.runtime.validation import check_positive_int, check_prompt, token_ids
 from ovbuild.runtime.verify import verify_sampled
+
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+@dataclass
+class TargetRows:
+    """One request's share of the target call: its rows' tokens, and the rows whose logits are read."""
+
+    request: Request
+    tokens: list[int]
+    wanted: list[int]
+    start: int  # the request's committed length before the call (its rows' first position)
+
+
+@dataclass
+class StepPlan:
+    """What one step does: who was admitted (with the cached tokens each starts on), who was preempted, the blocks
+    taken per cache, and the target call's rows."""
+
+    rows: list[TargetRows] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    hits: dict[int, int] = field(default_factory=dict)  # request id -> cached tokens it starts on
+    preempted: list[Request] = field(default_factory=list)
+    new_blocks: dict[str, int] = field(default_factory=dict)  # cache name -> blocks taken while planning
+    taps: bool = False  # whether the target call computes taps
 
 
 class Scheduler:
@@ -52,19 +84,26 @@ class Scheduler:
         trace: bool = False,
         max_model_len: int | None = None,
         speculation: Speculation | None = None,
+        *,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     ):
         """max_model_len: the longest prompt + max_new_tokens a request may ask for (None = no limit);
-        speculation: the draft-length planner with its cost models (a pipeline keeps one across runs)."""
+        speculation: the draft-length planner with its cost models (a pipeline keeps one across runs);
+        enable_prefix_caching: reuse the cached blocks of equal prefixes; max_num_seqs: requests running at once."""
+        check_positive_int(max_num_seqs, "max_num_seqs")
         self.target, self.drafter = target, drafter
-        self.states = target.states  # a hybrid target's StatePool, else None
         if drafter is not None and speculation is None:
             speculation = Speculation(drafter.max_candidates, drafter.candidate_offset)
         self.speculation = speculation
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        # a drafter that cannot start a sequence on cached context rows turns prefix caching off for the pair
+        self.prefix_caching = enable_prefix_caching and (drafter is None or drafter.prefix_caching)
         self.detokenize, self.trace = detokenize, trace
         self.waiting: list[Request] = []
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # in admission order: the last is preempted first
         self.finished: list[Request] = []
         self.metrics = RunMetrics()
         self._next_id = 0
@@ -72,8 +111,16 @@ class Scheduler:
         self._skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
         self._call_s, self._drafted = 0.0, False
 
+    @property
+    def caches(self) -> dict[str, CacheManager]:
+        """Every cache the requests run on, by name."""
+        caches = {"target": self.target.cache_manager}
+        if self.drafter is not None:
+            caches["draft"] = self.drafter.cache_manager
+        return caches
+
     def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
-        """Queue a request; it joins the running batch as soon as both caches can hold it."""
+        """Queue a request; it joins the running batch as soon as the caches have room for its prompt."""
         config = config or GenerationConfig()
         request = Request(self._next_id, token_ids(prompt, f"request {self._next_id}"), config)
         self._check(request)
@@ -84,17 +131,18 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def abort(self, request: Request, reason: str = "abort") -> None:
-        """Drop a waiting or running request now, returning its blocks in both caches (a client went away)."""
+    def abort(self, request: Request, reason: FinishReason = FinishReason.ABORT) -> None:
+        """Drop a waiting or running request now, returning its blocks in every cache (a client went away); its
+        registered full blocks stay cached for the next request that shares its prefix."""
         if request in self.waiting:
             self.waiting.remove(request)
-            request.finish_reason, request.status = reason, Status.FINISHED
+            request.finish_reason, request.status = FinishReason(reason), Status.FINISHED
             self.finished.append(request)
         elif request in self.running:
-            request.finish_reason, request.status = reason, Status.FINISHED
+            request.finish_reason, request.status = FinishReason(reason), Status.FINISHED
             self._release(request)
 
-    def abort_all(self, reason: str = "abort") -> None:
+    def abort_all(self, reason: FinishReason = FinishReason.ABORT) -> None:
         """Abort every unfinished request (an exception or Ctrl-C left the batch half done)."""
         for request in [*self.waiting, *self.running]:
             self.abort(request, reason)
@@ -106,14 +154,12 @@ class Scheduler:
         return sorted(self.finished, key=lambda r: r.id)
 
     def step(self) -> list[Request]:
-        """One scheduling step; returns the requests that finished in it."""
+        """One scheduling step: plan, run the target, apply, then the draft call; returns the requests that finished."""
         start = time.perf_counter()
         calibration = self.metrics.calibration_s
         self._call_s, self._drafted = 0.0, False  # the calls' seconds as the cost models see them; a draft call?
-        self._admit()
-        done = self._target_step()
-        for request in done:
-            self._release(request)
+        plan = self.schedule()
+        done = self.update(plan, self.execute(plan)) if plan.rows else []
         if self.drafter is not None:
             self._draft_step()
         wall = time.perf_counter() - start
@@ -149,7 +195,8 @@ class Scheduler:
                 )
 
     def budgets(self, request: Request) -> list[tuple[str, CacheManager, int]]:
-        """(name, cache, tokens) for every cache the request runs on: the tokens reserved for it at admission.
+        """(name, cache, tokens) for every cache the request runs on: the most it may ever hold, which must fit the
+        cache alone (else the request is refused when it is added; preemption makes room for anything less).
 
         A request commits at most its prompt and max_new_tokens to a cache, and one call writes rows past what is
         committed: the target at most the anchor and the longest proposal, the draft its longest block."""
@@ -162,48 +209,149 @@ class Scheduler:
             ("draft", self.drafter.cache_manager, tokens + offset + longest),
         ]
 
-    def _admit(self) -> None:
-        """FIFO admission, reserving each request's worst case so that no running request ever runs out of blocks."""
-        while self.waiting:
+    def _step_lengths(self, request: Request, rows: int) -> dict[str, int]:
+        """Tokens each cache must hold for a step that runs `rows` target rows of `request` (and its draft call)."""
+        end = request.target_len + rows
+        lengths = {"target": end}
+        if self.drafter is not None:
+            lengths["draft"] = end + self.drafter.max_candidates + self.drafter.candidate_offset
+        return lengths
+
+    def schedule(self) -> StepPlan:
+        """This step's plan: blocks for the running requests' rows (preempting when the pool runs out), admissions
+        with their prefix hits, and the target call's rows. Runs no model."""
+        plan = StepPlan()
+        caches = self.caches
+        free_before = {name: cache.free_blocks for name, cache in caches.items()}
+        self._grow(plan)
+        if not plan.preempted:  # a step that preempted has no room to admit into
+            self._admit(plan)
+        plan.rows = self._target_batch()
+        plan.taps = self._taps_wanted(plan.rows)
+        plan.new_blocks = {name: max(free_before[name] - cache.free_blocks, 0) for name, cache in caches.items()}
+        return plan
+
+    def _grow(self, plan: StepPlan) -> None:
+        """Blocks for every running request's rows of this step, oldest first; when a cache runs out, the most recently
+        admitted running request is preempted (the one growing itself, when it is the last)."""
+        for request in list(self.running):
+            if request not in self.running:
+                continue  # preempted for an older one
+            rows = self._rows_wanted(request)
+            while True:
+                lengths = self._step_lengths(request, rows)
+                if all(cache.can_hold(request.id, lengths[name]) for name, cache in self.caches.items()):
+                    for name, cache in self.caches.items():
+                        cache.reserve(request.id, lengths[name])
+                    break
+                victim = self.running[-1]
+                self._preempt(victim, plan)
+                if victim is request:
+                    break
+
+    def _rows_wanted(self, request: Request) -> int:
+        """Target rows the request runs this step at most: its verification rows, or what is left of its prompt."""
+        if request.status is Status.DECODE:
+            return 1 + len(request.proposal)
+        return min(request.context_len - request.target_len, self.max_num_batched_tokens)
+
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
+        """Free every block of a running request and queue it first again: it is recomputed later, its committed
+        tokens joined to its prompt (a prefix hit, when its blocks are still cached)."""
+        self._free_caches(request)
+        request.status = Status.WAITING
+        request.target_len = request.taps_len = request.pending_rows = 0
+        request.pending_taps, request.proposal = [], Proposal()
+        request.num_preemptions += 1
+        self.running.remove(request)
+        self.waiting.insert(0, request)
+        self.metrics.num_preemptions += 1
+        plan.preempted.append(request)
+        if self.drafter is not None:
+            self._batch_changed()
+
+    def _admit(self, plan: StepPlan) -> None:
+        """FIFO admission while fewer than max_num_seqs run and every cache has room for the request's whole context
+        (after its prefix hit); it then grows block by block as it decodes."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            budgets = self.budgets(request)
-            if not all(cache.can_hold(request.id, length) for _, cache, length in budgets):
+            hit = self._prefix_hit(request)
+            if not self._start(request, hit):
                 break
-            for _, cache, length in budgets:
-                cache.reserve(request.id, length)
             request.status = Status.PREFILL
-            if self.speculation is not None:
+            request.target_len = request.taps_len = hit
+            request.num_cached_tokens = hit
+            if request.acceptance is None and self.speculation is not None:
                 request.acceptance = self.speculation.new_stats()
+            self.metrics.prefix_cache_queries += request.context_len
+            self.metrics.prefix_cache_hits += hit
             self.running.append(self.waiting.pop(0))
+            plan.admitted.append(request)
+            plan.hits[request.id] = hit
+
+    def _prefix_hit(self, request: Request) -> int:
+        """Tokens of the request's context every cache holds, at a length every cache can resume from: whole blocks
+        of each, and never the last context token (its row must run: its logits give the first token)."""
+        if not self.prefix_caching:
+            return 0
+        limit = request.context_len - 1
+        caches = list(self.caches.values())
+        step = math.lcm(*(c.block_size for c in caches))
+        hashes = [request.block_hashes(c.block_size, limit) for c in caches]
+        hit = min(c.cached_prefix(h) for c, h in zip(caches, hashes, strict=True))
+        hit -= hit % step
+        while hit and not all(
+            c.cached_prefix(h[: hit // c.block_size]) == hit for c, h in zip(caches, hashes, strict=True)
+        ):
+            hit -= step
+        return hit
+
+    def _start(self, request: Request, hit: int) -> bool:
+        """Give the request its cached prefix and blocks for its whole context in every cache; False (holding
+        nothing) when some cache lacks the room now."""
+        lengths = self._step_lengths(request, request.context_len + 1 - request.target_len)
+        started = []
+        try:
+            for name, cache in self.caches.items():
+                started.append(cache)
+                if hit:
+                    cache.resume(request.id, request.block_hashes(cache.block_size, hit), hit)
+                cache.reserve(request.id, lengths[name])
+        except CacheExhaustedError:
+            for cache in started:
+                cache.free(request.id)
+            return False
+        if self.drafter is not None:
+            self.drafter.resume(request.id, hit)
+        return True
 
     # -- target call and verification -----------------------------------------------------------------------------
 
-    def _target_step(self) -> list[Request]:
-        batch = self._target_batch()
-        if not batch:
-            return []
+    def execute(self, plan: StepPlan) -> dict[str, np.ndarray]:
+        """Run the plan's target call; returns its outputs (taps copied: the requests keep slices of them)."""
         rows, ids, positions, wanted = [], [], [], []
-        state_rows = [] if self.states is not None else None
-        for request, tokens, want in batch:
+        state_rows = [] if self.target.states is not None else None
+        for part in plan.rows:
+            request, tokens = part.request, part.tokens
             begin = len(ids)
             # each verification row a subsequence of its own, attending to the rows before it in the cache: the
             # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel)
             one_per_row = request.status is Status.DECODE and self.target.row_subsequences
             rows += sequence_rows(request.id, request.target_len, len(tokens), one_per_row)
             if state_rows is not None:
-                # states after every verification row (the last accepted one is kept), after a prompt chunk's last row
+                # states after every verification row (the last accepted one is kept), after a prompt chunk's last
+                # row and its snapshot rows (the cache manager's choice)
                 decoding = request.status is Status.DECODE
-                state_rows.append(list(range(len(tokens))) if decoding else [len(tokens) - 1])
+                state_rows.append(self.target.cache_manager.state_rows(request.target_len, len(tokens), decoding))
             ids += tokens
             positions += range(request.target_len, request.target_len + len(tokens))
-            wanted += [begin + w for w in want]
-        taps = self._taps_wanted(batch)
+            wanted += [begin + w for w in part.wanted]
         compiled, start = self.target.compile_s, time.perf_counter()
         out = self.target.run(
             rows,
             {INPUT_IDS: ids, POSITION_IDS: positions, LOGITS_INDICES: wanted},  # lists: see InputBinder
             state_rows,
-            taps,
+            plan.taps,
         )
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
@@ -212,13 +360,22 @@ class Scheduler:
             # A call that compiled a copy for its row count (and ran it first, allocating its memory) is a one-off,
             # 10-20x a steady call on the demo pair: a cost curve that kept it never drafted at that size again.
             self.speculation.target_cost.observe(len(ids), seconds)
-        greedy = out[GREEDY_IDS].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
-        logits = out[LOGITS]  # [R, V], a view of the output tensor: only sampling requests read their rows
-        hidden = out.get(TAPS) if taps else None
-        if hidden is not None:
-            hidden = hidden.copy()  # one copy per call: the requests keep slices of it for the draft
+        outputs = dict(out)
+        if plan.taps and out.get(TAPS) is not None:
+            outputs[TAPS] = out[TAPS].copy()  # one copy per call: the requests keep slices of it for the draft
+        else:
+            outputs.pop(TAPS, None)
+        return outputs
+
+    def update(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> list[Request]:
+        """Apply the target call's outputs: verify, commit the accepted rows to the caches, free finished requests;
+        returns the requests that finished."""
+        greedy = outputs[GREEDY_IDS].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
+        logits = outputs[LOGITS]  # [R, V], a view of the output tensor: only sampling requests read their rows
+        hidden = outputs.get(TAPS)
         done, row, logit_row = [], 0, 0
-        for request, tokens, want in batch:
+        for part in plan.rows:
+            request, tokens, want = part.request, part.tokens, part.wanted
             taps = hidden[row : row + len(tokens)] if hidden is not None else None
             rows = slice(logit_row, logit_row + len(want))
             if request.status is Status.PREFILL:
@@ -229,9 +386,17 @@ class Scheduler:
                 done.append(request)
             row += len(tokens)
             logit_row += len(want)
+        for request in done:
+            self._release(request)
         return done
 
-    def _taps_wanted(self, batch: list[tuple[Request, list[int], list[int]]]) -> bool:
+    def _commit_rows(self, request: Request, start: int) -> None:
+        """The target cache keeps the request's rows from `start` to its committed length (the rest were rejected)."""
+        cache = self.target.cache_manager
+        hashes = request.block_hashes(cache.block_size, request.target_len) if self.prefix_caching else None
+        cache.commit(request.id, start, request.target_len, hashes)
+
+    def _taps_wanted(self, batch: list[TargetRows]) -> bool:
         """Whether the target call computes taps: with a draft, unless the target can leave them out and either the
         planner has backed off all the way with no draft length pinned, or no request of the call could take them."""
         if self.drafter is None:
@@ -241,35 +406,38 @@ class Scheduler:
         idle = self.speculation.backoff >= MAX_PLAN_BACKOFF
         if idle and not any(r.config.num_assistant_tokens for r in self.running):
             return False
-        return any(request.gap == 0 for request, _, _ in batch)
+        return any(part.request.gap == 0 for part in batch)
 
-    def _target_batch(self) -> list[tuple[Request, list[int], list[int]]]:
-        """(request, rows to run, rows whose logits are wanted): verification rows first, then prompt chunks."""
+    def _target_batch(self) -> list[TargetRows]:
+        """The target call's rows: verification rows first, then prompt chunks."""
         batch, budget = [], self.max_num_batched_tokens
         for request in self.running:
             if request.status is Status.DECODE:
                 tokens = [request.anchor, *request.proposal]
-                batch.append((request, tokens, list(range(len(tokens)))))
+                batch.append(TargetRows(request, tokens, list(range(len(tokens))), request.target_len))
                 budget -= len(tokens)
         for request in self.running:
             if request.status is Status.PREFILL and (budget > 0 or not batch):
-                n = min(len(request.prompt) - request.target_len, max(budget, 1))
-                chunk = request.prompt[request.target_len : request.target_len + n].tolist()
-                last = request.target_len + n == len(request.prompt)
-                batch.append((request, chunk, [n - 1] if last else []))
+                context = request.context_len
+                n = min(context - request.target_len, max(budget, 1))
+                chunk = request.committed(request.target_len, request.target_len + n)
+                last = request.target_len + n == context
+                batch.append(TargetRows(request, chunk, [n - 1] if last else [], request.target_len))
                 budget -= n
         return batch
 
     def _prefilled(self, request: Request, chunk: list[int], taps, greedy: list[int], logits: np.ndarray) -> None:
         if taps is not None and request.gap == 0:  # after a gap, taps wait for the catch-up (they must be in order)
             request.add_taps(taps)
+        start = request.target_len
         request.target_len += len(chunk)
-        if self.states is not None:
-            self.states.keep(request.id, len(chunk) - 1)
-        if request.target_len == len(request.prompt):
+        self._commit_rows(request, start)
+        if request.target_len == request.context_len:
             request.status = Status.DECODE
             request.skipped_at = self._skipped  # skip steps before this one are not its own
             self._batch_changed()
+            if request.generated:
+                return  # recomputed after a preemption: its next token comes from verifying its anchor
             request.metrics.first_token_time = time.perf_counter()
             sampling = request.config.sampling
             first = [greedy[-1]] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
@@ -295,9 +463,9 @@ class Scheduler:
             self.speculation.record(request.acceptance, len(proposal), accepted)
         if taps is not None and request.gap == 0:
             request.add_taps(taps[: accepted + 1])
+        start = request.target_len
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
-        if self.states is not None:
-            self.states.keep(request.id, accepted)  # the state after row `accepted`: anchor + accepted drafts
+        self._commit_rows(request, start)  # a hybrid's state after row `accepted`: anchor + accepted drafts
         request.proposal = Proposal()
         self._commit(request, committed)
 
@@ -307,11 +475,11 @@ class Scheduler:
         before = len(request.generated)
         for token in tokens:
             if token in config.eos_token_ids:
-                request.finish_reason = "stop"
+                request.finish_reason = FinishReason.STOP
                 break
             request.generated.append(token)
             if request.remaining <= 0:
-                request.finish_reason = "length"
+                request.finish_reason = FinishReason.LENGTH
                 break
         if config.stop_strings and self.detokenize is not None:
             self._check_stop_strings(request, len(request.generated) - before)
@@ -337,7 +505,7 @@ class Scheduler:
         while len(request.generated) > 1 and len(self.detokenize(request.generated[:-1])) > cut:
             request.generated.pop()
         request.text = text[:cut]
-        request.finish_reason = "stop_string"
+        request.finish_reason = FinishReason.STOP_STRING
 
     # -- draft call -----------------------------------------------------------------------------------------------
 
@@ -355,8 +523,9 @@ class Scheduler:
         lengths = self._draft_lengths([r for r in live if r.status is Status.DECODE], live, flush)
         if not any(lengths.values()) and not flush:
             return  # nobody drafts: no draft call, the taps wait for the next one
-        items, owners = [], []
+        items, owners, spans = [], [], []
         for request in live:
+            span = (request.taps_len - request.pending_rows, request.taps_len)  # the context rows this call commits
             context = request.take_taps()
             k = lengths.get(request.id, 0)
             anchor = request.anchor if k > 0 else None
@@ -364,6 +533,7 @@ class Scheduler:
                 continue
             items.append(DraftItem(request.id, context, anchor, k, request.config.sampling, len(request.generated)))
             owners.append(request)
+            spans.append(span)
         before, compiled = self.drafter.infer_s, self.drafter.compile_s
         start = time.perf_counter()
         proposals = self.drafter.propose(items)
@@ -373,8 +543,11 @@ class Scheduler:
         rows = sum(_context_rows(i) + (self._block_rows(i.num_tokens) if i.anchor is not None else 0) for i in items)
         if self.drafter.compile_s == compiled:  # else a one-off (see _target_step)
             self.speculation.draft_cost.observe(rows, seconds)
-        for request, proposal in zip(owners, proposals, strict=True):
+        cache = self.drafter.cache_manager
+        for request, proposal, (start, end) in zip(owners, proposals, spans, strict=True):
             request.proposal = proposal
+            hashes = request.block_hashes(cache.block_size, end) if self.prefix_caching else None
+            cache.commit(request.id, start, end, hashes)
 
     def _draft_lengths(self, decoding: list[Request], live: list[Request], flush: bool) -> dict[int, int]:
         """Draft tokens each decoding request gets verified next step: its num_assistant_tokens when pinned, else
@@ -474,13 +647,18 @@ class Scheduler:
         request.metrics.num_generated_tokens = len(request.generated)
         if not request.text and self.detokenize is not None:
             request.text = self.detokenize(request.generated)
-        self.target.free(request.id)
+        self._free_caches(request)
         if self.drafter is not None:
-            self.drafter.free(request.id)
             self._batch_changed()
         self.running.remove(request)
         self.finished.append(request)
         self.metrics.add(request.metrics)
+
+    def _free_caches(self, request: Request) -> None:
+        """Return the request's blocks (and state slot) in every cache; registered blocks stay cached."""
+        self.target.free(request.id)
+        if self.drafter is not None:
+            self.drafter.free(request.id)
 
 
 def _context_rows(item: DraftItem) -> int:

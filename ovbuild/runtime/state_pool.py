@@ -21,7 +21,7 @@ import openvino as ov
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.ir.ports import STATE_OUTPUT_OF, STATE_ROWS, STATES
-from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.rows import SequenceRows
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,21 @@ class StatePool:
     def report(self, outputs: dict[str, np.ndarray]) -> None:
         """Take the call's reported states ([Q, ...] per state output); they stay valid until the next call."""
         self._outputs = {s.name: outputs[s.output] for s in self.specs}
+
+    def reported(self, seq_id: int, row: int) -> bool:
+        """Whether the last call reported the state after `row` of the sequence's rows."""
+        return row in self._reported.get(seq_id, {})
+
+    def snapshot(self, seq_id: int, row: int) -> dict[str, np.ndarray]:
+        """A copy of the state the last call reported after `row` of the sequence's rows (prefix caching)."""
+        q = self._reported[seq_id][row]
+        return {name: self._outputs[name][q].copy() for name in self.arrays}
+
+    def restore(self, seq_id: int, snapshot: dict[str, np.ndarray]) -> None:
+        """Make `snapshot` the state of `seq_id` (which holds a slot)."""
+        slot = self.slots[seq_id]
+        for name, array in self.arrays.items():
+            array[slot] = snapshot[name]
 
     def keep(self, seq_id: int, row: int) -> None:
         """Commit the state after `row` (within the sequence's rows of the last call) as the sequence's state."""

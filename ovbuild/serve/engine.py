@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ovbuild.errors import OvbuildError, OverloadedError
-from ovbuild.runtime.request import GenerationConfig, Request, Status
+from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.streaming import TextStream
 from ovbuild.serve.metrics import ServeMetrics
@@ -131,7 +131,7 @@ class Engine:
                     self._errors += 1
                     self._fail_all(e)
             self._publish()  # also after commands alone: an abort finishes its request without a step
-        self.scheduler.abort_all("shutdown")
+        self.scheduler.abort_all(FinishReason.SHUTDOWN)
         self._publish()
 
     def _take_commands(self, block: bool) -> bool:
@@ -187,12 +187,13 @@ class Engine:
         self.scheduler.finished.clear()  # a long-running server keeps no finished request
         self.stats = self._snapshot()
         self.metrics.queue(self.stats.running, self.stats.waiting)
+        self.metrics.caches(self.scheduler.metrics, {k: c.usage for k, c in self.scheduler.caches.items()})
 
     def _fail_all(self, error: Exception) -> None:
         for request in [*self.scheduler.running, *self.scheduler.waiting]:
             ticket = self._tickets.pop(request.id)
             self._end(ticket, Event(error=error))
-        self.scheduler.abort_all("error")
+        self.scheduler.abort_all(FinishReason.ERROR)
 
     def _end(self, ticket: Ticket, event: Event) -> None:
         with self._lock:
@@ -200,9 +201,7 @@ class Engine:
         ticket.sink(event)
 
     def _snapshot(self) -> EngineStats:
-        caches = {"target": self.scheduler.target.cache_manager}
-        if self.scheduler.drafter is not None:
-            caches["draft"] = self.scheduler.drafter.cache_manager
+        caches = self.scheduler.caches
         return EngineStats(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
@@ -215,4 +214,10 @@ class Engine:
 
 
 # The scheduler's finish reasons as the OpenAI API names them ("abort": the client left, "shutdown", "error").
-_FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "abort": "abort", "shutdown": "abort"}
+_FINISH_REASONS = {
+    FinishReason.STOP: "stop",
+    FinishReason.STOP_STRING: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.ABORT: "abort",
+    FinishReason.SHUTDOWN: "abort",
+}

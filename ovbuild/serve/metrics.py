@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ovbuild.errors import MissingDependencyError
+from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.request import Request
 
 # Seconds: TTFT spans a queue wait plus a prefill; TPOT a step of a few milliseconds to a second.
@@ -41,6 +42,17 @@ class ServeMetrics:
             buckets=_TPOT_BUCKETS,
             registry=r,
         )
+        self.prefix_queries = Counter(
+            "ovbuild_prefix_cache_queries", "Context tokens looked up in the prefix cache at admission", registry=r
+        )
+        self.prefix_hits = Counter("ovbuild_prefix_cache_hits", "Context tokens found in the prefix cache", registry=r)
+        self.preemptions = Counter(
+            "ovbuild_num_preemptions", "Running requests sent back to the queue for lack of blocks", registry=r
+        )
+        self.cache_usage = Gauge(
+            "ovbuild_kv_cache_usage_perc", "Share of cache blocks requests hold (1 = full)", ["cache"], registry=r
+        )
+        self._totals = (0, 0, 0)  # the run totals the counters hold
         self.e2e = Histogram(
             "ovbuild_e2e_request_latency_seconds", "Submission to finish", buckets=_E2E_BUCKETS, registry=r
         )
@@ -48,6 +60,18 @@ class ServeMetrics:
     def queue(self, running: int, waiting: int) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
+
+    def caches(self, run: RunMetrics, usage: dict[str, float]) -> None:
+        """Bring the prefix cache and preemption counters up to the run totals `run`; set each cache's usage."""
+        totals = (run.prefix_cache_queries, run.prefix_cache_hits, run.num_preemptions)
+        for counter, total, seen in zip(
+            (self.prefix_queries, self.prefix_hits, self.preemptions), totals, self._totals, strict=True
+        ):
+            if total > seen:  # the run's totals only grow
+                counter.inc(total - seen)
+        self._totals = totals
+        for name, share in usage.items():
+            self.cache_usage.labels(name).set(share)
 
     def finished(self, request: Request, reason: str, submitted: float, first_token: float | None, now: float) -> None:
         """Count one request that left the scheduler (finished, or aborted by its client) with its finish reason."""

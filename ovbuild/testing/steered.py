@@ -121,6 +121,14 @@ class SteeredDrafter(Drafter):
     def cache_manager(self) -> CacheManager:
         return self.inner.cache_manager
 
+    @property
+    def prefix_caching(self) -> bool:  # type: ignore[override]
+        return self.inner.prefix_caching
+
+    def resume(self, seq_id: int, length: int) -> None:
+        self.inner.resume(seq_id, length)
+        self.seen[seq_id] = length
+
     def free(self, seq_id: int) -> None:
         self.inner.free(seq_id)
         self.seen.pop(seq_id, None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ovbuild.errors import UnsupportedError
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.sampling import SamplingParams, sample_rows
 
@@ -63,6 +64,7 @@ class Drafter(ABC):
     candidate_offset: int = 1  # block rows before the first candidate row: a block proposing k tokens runs k + this
     tap_width: int  # width of a context row (the target taps the draft reads)
     infer_s: float = 0.0  # time spent inside draft inference calls, for the time split
+    prefix_caching: bool = False  # whether `resume` can start a sequence on context rows its cache holds
     compile_s: float = 0.0  # of which compiling (ovbuild.runtime.static_rows): a one-off the call costs leave out
 
     @classmethod
@@ -88,6 +90,12 @@ class Drafter(ABC):
     def cache_manager(self) -> CacheManager:
         """The draft cache, as the scheduler reserves it (one block of rows past a request's tokens, see
         `Scheduler.budgets`)."""
+
+    def resume(self, seq_id: int, length: int) -> None:
+        """Count the first `length` context rows of a new sequence as given: its cache holds them (a prefix hit the
+        scheduler took through `cache_manager.resume`)."""
+        if length:
+            raise UnsupportedError(f"{type(self).__name__} cannot start a sequence on cached context rows")
 
     @abstractmethod
     def free(self, seq_id: int) -> None:

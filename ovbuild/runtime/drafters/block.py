@@ -74,6 +74,11 @@ class BlockDrafter(Drafter):
     def describe(self) -> str:
         return self.model.describe()
 
+    prefix_caching = True  # a context row's keys and values depend on its taps alone, which its prefix fixes
+
+    def resume(self, seq_id: int, length: int) -> None:
+        self.committed[seq_id] = length
+
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)
         self.committed.pop(seq_id, None)
