@@ -106,7 +106,7 @@ class EngineReplica:
         default_max_tokens: int,
         threads: int | None,
     ):
-        from ovbuild.graph.ir import core
+        from ovbuild.ir import core
         from ovbuild.serve.server import build_app
 
         if threads:  # replicas sharing a machine: each keeps to its share of the cores
