@@ -87,9 +87,16 @@ def timed(case: Callable[[], Any]) -> Measured:
     return output if isinstance(output, Measured) else Measured(seconds, output)
 
 
-def interleave(cases: dict[str, Callable[[], Any]], n_rounds: int, seed: int = 0, warmup: bool = True) -> Rounds:
+def interleave(
+    cases: dict[str, Callable[[], Any]],
+    n_rounds: int,
+    seed: int = 0,
+    warmup: bool = True,
+    check: Callable[[str, Any], None] | None = None,
+) -> Rounds:
     """Run every case once per round, in a new random order each round (after one untimed warm-up call of each when
-    `warmup`), and keep each case's seconds per round and its last output."""
+    `warmup`), and keep each case's seconds per round and its last output. `check(name, output)`, when given, sees
+    every timed output (to raise on one that differs, or to count)."""
     rng = np.random.default_rng(seed)
     names = list(cases)
     if warmup:
@@ -97,10 +104,14 @@ def interleave(cases: dict[str, Callable[[], Any]], n_rounds: int, seed: int = 0
             cases[name]()
     rounds = Rounds({name: [] for name in names})
     for _ in range(n_rounds):
+        # a new order every round: a case always run after the same neighbour would carry that neighbour's effect on
+        # caches and clocks into every ratio
         for name in rng.permutation(names):
             measured = timed(cases[name])
             rounds.seconds[name].append(measured.seconds)
             rounds.outputs[name] = measured.output
+            if check is not None:
+                check(name, measured.output)
     return rounds
 
 
