@@ -11,11 +11,10 @@ import openvino as ov
 from tokenizers import Tokenizer
 
 from ovbuild.contract import MODEL_FILE, Identity
-from ovbuild.errors import ConfigError, ExportError, RequestError
+from ovbuild.errors import ConfigError, ExportError, RequestError, UnsupportedError
 from ovbuild.families import DRAFTERS
 from ovbuild.graph.ir import read_ir
 from ovbuild.runtime.devices import (
-    check_device,
     check_kv_precision,
     draft_inference_precision,
     target_inference_precision,
@@ -231,16 +230,35 @@ def read_draft_ir(folder: str | Path) -> ov.Model:
     return read_ir(folder)
 
 
-def check_options(options: RuntimeOptions, with_draft: bool) -> None:
-    """Device, cache sizes, KV precisions and max_model_len, checked before any model is read or compiled."""
-    check_device(options.device)
+# How check_options names each option in its messages: Python's names by default; the CLI passes its own.
+OPTION_NAMES = {
+    "device": "device",
+    "static_rows": "static_rows=True",
+    "target cache_mb": "target cache_mb",
+    "draft cache_mb": "draft cache_mb",
+    "target kv_cache_precision": "target kv_cache_precision",
+    "draft kv_cache_precision": "draft kv_cache_precision",
+    "max_model_len": "max_model_len",
+}
+
+
+def check_options(options: RuntimeOptions, with_draft: bool, names: dict[str, str] | None = None) -> None:
+    """Device, static rows, cache sizes, KV precisions and max_model_len, checked before any model is read or
+    compiled: the one place runtime options are checked. `names` words the messages in the caller's terms (the
+    command line's options), keyed as OPTION_NAMES."""
+    from ovbuild.runtime import devices  # looked up at call time, so that a test can stand in another device
+
+    name = {**OPTION_NAMES, **(names or {})}
+    devices.check_device(options.device)
     models = [("target", options.target), ("draft", options.draft)] if with_draft else [("target", options.target)]
-    for name, model in models:
-        check_cache_mb(model.cache_mb, f"{name} cache_mb")
-        precision = draft_precision(options) if name == "draft" else target_precision(options)
-        check_kv_precision(options.device, model.kv_cache_precision, precision, f"{name} kv_cache_precision")
+    if any(m.static_rows for _, m in models) and not options.device.upper().startswith("CPU"):
+        raise UnsupportedError(f"{name['static_rows']}: static copies run on CPU, not on {options.device}")
+    for which, model in models:
+        check_cache_mb(model.cache_mb, name[f"{which} cache_mb"])
+        precision = draft_precision(options) if which == "draft" else target_precision(options)
+        check_kv_precision(options.device, model.kv_cache_precision, precision, name[f"{which} kv_cache_precision"])
     if options.max_model_len is not None:
-        check_positive_int(options.max_model_len, "max_model_len")
+        check_positive_int(options.max_model_len, name["max_model_len"])
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:
