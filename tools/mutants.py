@@ -34,7 +34,7 @@ UNTAPPED = ("tests/test_untapped.py",)
 NARROW = ("tests/test_narrow_weights.py",)
 
 MUTANTS = (
-    # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
+    # -- the first planted bugs: graph builders, references, RoPE, cache layout, scheduler -----------------------------
     Mutant(
         "graph-rope-yarn-cos-only",
         "ovbuild/graph/rope.py",
@@ -423,7 +423,7 @@ MUTANTS = (
         "        realism = 1.0\n",
         PLANNER,
     ),
-    # -- exact bf16 math (stop 27) -------------------------------------------------------------------------------------
+    # -- exact bf16 math -----------------------------------------------------------------------------------------------
     Mutant(
         "scheduler-verification-rows-in-one-subsequence",
         "ovbuild/runtime/scheduler.py",
@@ -445,7 +445,7 @@ MUTANTS = (
         "if on_cpu and kv_cache_precision",
         ("tests/test_runtime_validation.py",),
     ),
-    # -- static row counts (stop 28) ---------------------------------------------------------------------------------
+    # -- static row counts ---------------------------------------------------------------------------------------------
     Mutant(
         "demo-compiles-copies-while-timing",
         "ovbuild/demo.py",
@@ -495,7 +495,7 @@ MUTANTS = (
         "if self.speculation is not None:",
         ("tests/test_static_rows.py",),
     ),
-    # -- calls without taps and the catch-up (issue 14) ----------------------------------------------------------------
+    # -- calls without taps and the catch-up ---------------------------------------------------------------------------
     Mutant(
         "catch-up-skips-the-partial-block-copy",
         "ovbuild/runtime/catch_up.py",

@@ -81,7 +81,7 @@ class CallCost:
 
     The median, not a low quantile, and pooling, not capping each bucket by the larger ones: a lucky fast call in the
     8-row bucket used to flatten the whole curve, so that 8 verification rows looked as cheap as 1 and the demo pair
-    drafted full blocks where 4 tokens were measured faster (issue 14)."""
+    drafted full blocks where 4 tokens were measured faster."""
 
     def __init__(self, window: int = 16):
         """window: recent calls kept per bucket (0: keep the first one seen, for fixed costs in tests)."""
