@@ -8,6 +8,8 @@ from ovbuild.demo import DEMO_PROMPTS
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
+
 NEW_TOKENS = 96
 # Measured 2.55 (k = 7) on these prompts when the pair was shipped; a drop below the floor means the checkpoints,
 # the export or the runtime lost draft quality. The draft length is pinned: the adaptive one depends on call times.

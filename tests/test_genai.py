@@ -30,6 +30,8 @@ from ovbuild.testing.tokenizer import byte_level_tokenizer
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.target import load_target
 
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
+
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}
 TAPS = (1, 3, 5)
 PROMPT = [5, 17, 42, 99, 7, 100, 3]

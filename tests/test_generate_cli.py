@@ -6,10 +6,13 @@ import json
 import re
 
 import openvino as ov
+import pytest
 
 from ovbuild import demo
 from ovbuild.cli import main
 from ovbuild.runtime.static_rows import BUCKETS
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 
 def generate(tiny_pair, tmp_path, *extra):

@@ -98,6 +98,7 @@ def cli(tiny_pair, *args) -> int:
     return main(["generate", "--target", str(tiny_pair[0]), "--max-new-tokens", "10", *args])
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_cli_prompt_ids_equal_the_text_prompt(tiny_pair, alone, capsys):
     pipeline, expected = alone
     ids = ",".join(map(str, pipeline.encode(PROMPTS[2])))
@@ -107,6 +108,7 @@ def test_cli_prompt_ids_equal_the_text_prompt(tiny_pair, alone, capsys):
     assert "--prompt-ids '1,x'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_cli_streams_every_request_prefixed_by_its_index(tiny_pair, alone, capsys):
     _, expected = alone
     assert cli(tiny_pair, *(a for p in PROMPTS for a in ("--prompt", p)), "--draft", str(tiny_pair[1])) == 0
@@ -122,6 +124,7 @@ def test_cli_streams_every_request_prefixed_by_its_index(tiny_pair, alone, capsy
     assert [texts[i] for i in range(len(PROMPTS))] == [r.text.replace("\n", "") for r in expected]
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_cli_chat_renders_the_template(tiny_pair, capsys):
     pipeline = Pipeline(tiny_pair[0])
     # the tiny target's ChatML template, written out by hand
@@ -130,6 +133,7 @@ def test_cli_chat_renders_the_template(tiny_pair, capsys):
     assert capsys.readouterr().out == request.text + "\n"
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_cli_ignore_eos_runs_past_the_end_token(tiny_pair, alone, tmp_path):
     _, expected = alone
     # a copy of the target whose EOS is the first token it generates for PROMPTS[0]: it stops at once unless

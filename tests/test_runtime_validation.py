@@ -312,12 +312,14 @@ def test_eos_token_ids_must_be_token_ids(tiny_pair, tmp_path, capsys):
     assert_clean_error(run, "generation_config.json: eos_token_id '</s>' is not a token id or a list of them")
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_results_written_to_json_after_the_checks(tiny_pair, tmp_path, capsys):
     out = tmp_path / "out.json"
     assert generate(capsys, tiny_pair, "--json", out).code == 0
     assert len(json.loads(out.read_text())["requests"]) == 1
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_static_rows_option_reaches_both_models(tiny_pair, capsys, monkeypatch):
     seen = []
     init = PagedModel.__init__
@@ -340,3 +342,11 @@ def test_static_rows_on_is_refused_off_cpu(tiny_pair, capsys, monkeypatch, no_wo
         generate(capsys, tiny_pair, "--device", "GPU", "--static-rows", "on"),
         "--static-rows on: static copies run on CPU, not on GPU",
     )
+
+
+def test_pipeline_refuses_static_rows_off_cpu_as_the_command_does(tiny_pair, monkeypatch, no_work):
+    """One check for both (pipeline.check_options): Python's message names the option as Python spells it."""
+    monkeypatch.setattr("ovbuild.runtime.devices.check_device", lambda device: None)  # as if the device existed
+    options = RuntimeOptions(device="GPU", target=ModelOptions("f16", None, 16, static_rows=True))
+    with pytest.raises(UnsupportedError, match="static_rows=True: static copies run on CPU, not on GPU"):
+        Pipeline(*tiny_pair, options)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from ovbuild.demo import DEMO_PROMPTS
 from ovbuild.runtime import verify
 from ovbuild.runtime.pipeline import Pipeline
@@ -13,6 +15,8 @@ from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.sampling import race
 
 from sampling_helpers import two_sample_chi_square
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 SEEDS = 600
 accepted: dict[str, int] = {}

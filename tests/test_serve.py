@@ -14,6 +14,8 @@ from openai import OpenAI
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.serve.server import BackgroundServer, build_app
 
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
+
 PROMPTS = ["def add(a, b):", "import os\n", "class Stack:"]
 MAX_TOKENS = 10
 MODEL = "tiny"

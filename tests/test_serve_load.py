@@ -9,10 +9,13 @@ import json
 import time
 
 import httpx
+import pytest
 
 from ovbuild.demo import DEMO_PROMPTS
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.serve.server import BackgroundServer, build_app
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 PROMPTS = [*DEMO_PROMPTS, "def read(path):\n", "import sys\n\n", "    for i in range(", "    return "]
 CLIENTS, MAX_TOKENS, LEAVING_EVERY = 64, 12, 4
