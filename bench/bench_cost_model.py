@@ -14,11 +14,11 @@ the tiny pair at the same concurrency). At published acceptance lengths tau (tok
           with a + a^2 + ... + a^15 = tau - 1 (so tau(k) = 1 + a + ... + a^k),
           x = tau(k) * (t_target(1) + host_alone) / (t_target(k + 1) + t_draft(ctx + k + 1) + host_spec + t_plan)
   floor:  tau * t_target(1) / (t_target(16) + t_draft(ctx + 16) + host_spec), every call at its fastest over the
-          rounds (issue 14's floor of a full block at that tau; the plain decode's host time left out)
+          rounds (the floor of a full block at that tau; the plain decode's host time left out)
 
-The calls in these formulas are timed in rounds, each round running the plain decode step, the full-block step and
-every tau's planned step back to back, so that a busy moment of a shared machine hits all of them; `before`, `after`
-and `after / before` are medians of per-round ratios.
+The calls in these formulas are timed in rounds (bench/harness.py), each round running the plain decode step, the
+full-block step and every tau's planned step in a new order, so that a busy moment of a shared machine hits all of
+them; `before`, `after` and `after / before` are medians of per-round ratios.
 
 `--shape qwen3.6-scaled` runs the same with a hybrid target (bench/shapes.py: QWEN36_SCALED, Qwen3.6-27B's layer
 pattern and head widths scaled to this machine) and a DFlash draft for it, the host time taken on the tiny hybrid
@@ -31,6 +31,7 @@ pair; the verification calls then report the linear-attention states after every
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import statistics
 import tempfile
@@ -45,7 +46,6 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
-from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
@@ -55,6 +55,7 @@ from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
 
+import harness
 from shapes import QWEN3_4B_DFLASH_B16, QWEN36_SCALED_DFLASH, write_draft, write_hybrid_target, write_target
 
 TAUS = (5.4, 3.1)  # DFlash on Qwen3-4B, GSM8K and MT-Bench (DSpark paper, table 1)
@@ -239,13 +240,13 @@ def main() -> None:
     parser.add_argument("--requests", default="1,4")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--tau-context", type=int, default=4, help="context rows per sequence in a draft call")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds (each times every step once)")
     parser.add_argument("--target-precision", default="f32", help="target inference precision (f32 = exact)")
     parser.add_argument("--workdir", help="keep the random checkpoints here (default: a temporary folder)")
+    harness.add_arguments(parser, rounds=5)
     args = parser.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="ovbuild_cost_"))
     rng = np.random.default_rng(0)
-    print(describe(), flush=True)
+    harness.start("Cost model at real scale: a speculative step against a plain decode step")
     try:
         start = time.perf_counter()
         if not (root / "target" / "config.json").exists():
@@ -270,7 +271,7 @@ def main() -> None:
         )
         print(
             f"context {args.context} tokens per sequence; a draft call carries {args.tau_context} context rows per "
-            f"sequence; speed-ups: median over {args.repeats} rounds of per-round ratios (floor: fastest calls)",
+            f"sequence; speed-ups: median over {args.rounds} rounds of per-round ratios (floor: fastest calls)",
             flush=True,
         )
         results = [measure(target, drafter, n, args, rng) for n in (int(x) for x in args.requests.split(","))]
@@ -282,7 +283,7 @@ def main() -> None:
 
 def measure(target: PagedModel, drafter: BlockDrafter, n: int, args, rng) -> list[dict]:
     """One concurrency: cost tables and plans, then rounds timing a plain decode step, a full-block step and every
-    tau's planned step back to back; speed-ups are taken within each round, their median reported."""
+    tau's planned step in a new order each; speed-ups are taken within each round, their median reported."""
     costs = Costs(target, drafter, n, args, rng)
     host_alone, host_spec = host_per_step(n, False, args.shape), host_per_step(n, True, args.shape)
     print_costs(costs, host_alone, host_spec)
@@ -292,13 +293,16 @@ def measure(target: PagedModel, drafter: BlockDrafter, n: int, args, rng) -> lis
         ks, plan_s = plan_seconds(costs.speculation(host_spec), n, a, n * args.tau_context)
         plans.append((tau, a, ks, plan_s, float(np.mean([1 + sum(a**j for j in range(1, k + 1)) for k in ks]))))
     steps = {"decode": [0] * n, "full": [FULL] * n} | {tau: ks for tau, _, ks, _, _ in plans}
-    times = {name: [] for name in steps}  # name -> [(verify, draft) per round]
-    for r in range(args.repeats + 1):  # round 0 warms every shape up
-        for name, ks in steps.items():
-            verify = costs.verify_once([k + 1 for k in ks])
-            draft = costs.draft_once([k + 1 if k else 0 for k in ks]) if any(ks) else 0.0
-            if r:
-                times[name].append((verify, draft))
+    times: dict = {name: [] for name in steps}  # name -> [(verify, draft) per round]
+
+    def step(ks: list[int]) -> harness.Measured:
+        verify = costs.verify_once([k + 1 for k in ks])
+        draft = costs.draft_once([k + 1 if k else 0 for k in ks]) if any(ks) else 0.0
+        return harness.Measured(verify + draft, (verify, draft))
+
+    cases = {name: functools.partial(step, ks) for name, ks in steps.items()}
+    # the warm-up call of each case compiles every shape; then rounds in a new order each
+    harness.interleave(cases, args.rounds, seed=args.seed + n, check=lambda name, vd: times[name].append(vd))
     t1 = np.array([v for v, _ in times["decode"]])  # [rounds]
     full = np.array([v + d for v, d in times["full"]])
     rows = []

@@ -6,16 +6,19 @@ final norm, under a full Qwen3-4B config), then for each format runs `ovbuild ex
 records wall time and that process's peak RSS. The floor is the time to read every tensor the export reads once and
 to write a file of the output's size; the compute column is the weight policy's arithmetic alone (every tensor
 through `WeightPolicy.matrix`, nothing written). Targets: wall <= 3 x (floor + compute), peak RSS <= 1.25 x .bin +
-300 MB.
+300 MB. With `--rounds N` the export, the floor and the compute run N times each in a new order per round
+(bench/harness.py), every export's .bin byte-identical to the first.
 
-    python bench/bench_export.py [--workdir DIR] [--formats keep,fp16] [--keep]
+    python bench/bench_export.py [--workdir DIR] [--formats keep,fp16] [--keep] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from ovbuild.export.weight_formats import WEIGHT_FORMATS
 
+import harness
 from shapes import QWEN3_4B, write_draft, write_target
 
 MB = 1e6
@@ -67,6 +71,15 @@ print(time.perf_counter() - t0)
 """
 
 
+def digest(path: Path) -> str:
+    """sha256 of a file, read in 64 MB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(64 << 20):
+            h.update(piece)
+    return h.hexdigest()
+
+
 def run_measured(argv: list[str]) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one fresh subprocess."""
     t0 = time.perf_counter()
@@ -84,11 +97,13 @@ def main() -> None:
     parser.add_argument("--formats", help="comma-separated weight formats (default: all)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
     parser.add_argument("--write-checkpoints", type=Path, help=argparse.SUPPRESS)  # internal: the child that writes
+    harness.add_arguments(parser, rounds=1)
     args = parser.parse_args()
     if args.write_checkpoints:
         write_draft(args.write_checkpoints / "draft")
         write_target(args.write_checkpoints / "target", TARGET_CONFIG, layers=False)
         return
+    harness.start("Export of a draft shaped like z-lab/Qwen3-4B-DFlash-b16 per weight format, against the I/O floor")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ovbuild-bench-export-"))
     formats = args.formats.split(",") if args.formats else list(WEIGHT_FORMATS)
     draft, target = work / "draft", work / "target"
@@ -101,27 +116,53 @@ def main() -> None:
     in_bytes = sum(p.stat().st_size for p in [*draft.glob("*.safetensors"), *target.glob("*.safetensors")])
     _, base_rss = run_measured([python, "-c", "import ovbuild.cli, ovbuild.export, openvino"])
     rows = []
+    sources = [*draft.glob("*.safetensors"), *target.glob("*.safetensors")]
     for fmt in formats:
         out = work / f"out-{fmt}"
         cmd = [python, "-m", "ovbuild.cli", "export", "-m", str(draft), str(out), "--target-model", str(target)]
-        wall, rss = run_measured([*cmd, "--weight-format", fmt, "--overwrite", "--quiet"])
+        peaks: list[int] = []
+
+        def export_case(cmd: list[str] = cmd, out: Path = out, fmt: str = fmt, peaks: list[int] = peaks):
+            wall, rss = run_measured([*cmd, "--weight-format", fmt, "--overwrite", "--quiet"])
+            peaks.append(rss)
+            return harness.Measured(wall, digest(out / "openvino_model.bin"))
+
+        def floor_case(out: Path = out) -> harness.Measured:
+            read_s, write_s = io_floor(sources, (out / "openvino_model.bin").stat().st_size, work / "x")
+            return harness.Measured(read_s + write_s, (read_s, write_s))
+
+        def compute_case(fmt: str = fmt) -> harness.Measured:
+            argv = [python, "-c", COMPUTE, str(draft), str(target), fmt]
+            return harness.Measured(float(subprocess.run(argv, capture_output=True, text=True, check=True).stdout))
+
+        export_case()  # the floor reads the output's size; and the export's digest every round must equal this one
+        first, floors = digest(out / "openvino_model.bin"), []
+
+        def check(name: str, output, first: str = first, floors: list = floors, fmt: str = fmt) -> None:
+            if name == "export" and output != first:
+                raise harness.OutputsDiffer(f"{fmt}: an export wrote other bytes than the first")
+            if name == "floor":
+                floors.append(output)
+
+        cases = {"export": export_case, "floor": floor_case, "compute": compute_case}
+        timed = harness.interleave(cases, args.rounds, seed=args.seed, warmup=False, check=check)
+        bound = [f + c for f, c in zip(timed.seconds["floor"], timed.seconds["compute"], strict=True)]
+        ratio = harness.ratio_of(timed.seconds["export"], bound)
+        read_s, write_s = (statistics.median(f[i] for f in floors) for i in (0, 1))
         bin_bytes = (out / "openvino_model.bin").stat().st_size
-        read_s, write_s = io_floor([*draft.glob("*.safetensors"), *target.glob("*.safetensors")], bin_bytes, work / "x")
-        compute = subprocess.run(
-            [python, "-c", COMPUTE, str(draft), str(target), fmt], capture_output=True, text=True, check=True
+        rows.append(
+            (fmt, timed.median("export"), read_s, write_s, timed.median("compute"), max(peaks), bin_bytes, ratio)
         )
-        compute_s = float(compute.stdout)
-        rows.append((fmt, wall, read_s, write_s, compute_s, rss, bin_bytes))
         shutil.rmtree(out)
     print(f"\ncheckpoints read: {in_bytes / MB:.0f} MB bf16; python + openvino + ovbuild alone: {base_rss / MB:.0f} MB")
+    print(f"medians over {args.rounds} rounds; wall/(floor+compute) taken within rounds: median (range)")
     head = "format  wall s  read s  write s  compute s  wall/(floor+compute)  peak RSS MB  .bin MB  RSS limit MB  ok"
     print(head)
-    for fmt, wall, read_s, write_s, compute_s, rss, bin_bytes in rows:
-        ratio = wall / (read_s + write_s + compute_s)
+    for fmt, wall, read_s, write_s, compute_s, rss, bin_bytes, ratio in rows:
         limit = 1.25 * bin_bytes + 300 * MB
-        ok = "yes" if ratio <= 3 and rss <= limit else "NO"
+        ok = "yes" if ratio.median <= 3 and rss <= limit else "NO"
         print(
-            f"{fmt:<6}  {wall:6.1f}  {read_s:6.1f}  {write_s:7.1f}  {compute_s:9.1f}  {ratio:20.2f}  "
+            f"{fmt:<6}  {wall:6.1f}  {read_s:6.1f}  {write_s:7.1f}  {compute_s:9.1f}  {ratio!s:>20}  "
             f"{rss / MB:11.0f}  {bin_bytes / MB:7.0f}  {limit / MB:12.0f}  {ok}"
         )
     if not args.keep and not args.workdir:

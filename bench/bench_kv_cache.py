@@ -4,15 +4,17 @@ Exact here means what speculative decoding needs: with the same cache configurat
 the target alone token for token. Each configuration serves 32 code prompts (96 new tokens) alone, then with a draft
 steered to propose the target's own continuation with a wrong token at a random position (so that every step writes
 rows that are then rolled back), at K = 3, 7 and the adaptive choice. With bf16 math, verification rows run as one
-k-row subsequence per request too (what ovbuild did until stop 27) against a 1-row subsequence per row (what it does
-on CPU). Then it times one decode row per sequence at several context lengths (best of a few rounds, configurations
-interleaved).
+k-row subsequence per request too (what ovbuild did before it verified on CPU in 1-row subsequences) against a 1-row
+subsequence per row (what it does on CPU). Then it times one decode call, one row per sequence, at several context
+lengths: each case the best quartile of 30 calls, the configurations interleaved in rounds (bench/harness.py), their
+time against f32's taken within rounds.
 
-    python bench/bench_kv_cache.py
+    python bench/bench_kv_cache.py [--rounds 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
@@ -24,7 +26,6 @@ from ovbuild.demo import export_pair, shipped_pair
 from ovbuild.ir import read_ir
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.runtime.request import GenerationConfig
@@ -32,6 +33,7 @@ from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.testing.steered import SteeredDrafter
 
 sys.path.insert(0, str(Path(__file__).parent))
+import harness
 from bench_vs_genai import PROMPTS
 
 # name: (KV_CACHE_PRECISION, inference precision, extra plugin properties, verification rows as 1-row subsequences);
@@ -106,7 +108,10 @@ def decode_ms(target: PagedModel, seqs: int, past: int, rounds: int = 30) -> flo
 
 
 def main() -> None:
-    print(describe())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    harness.add_arguments(parser, rounds=3)
+    args = parser.parse_args()
+    harness.start("Which target KV cache is exact and which is fastest, on the shipped demo pair")
     with tempfile.TemporaryDirectory(prefix="ovbuild_kv_") as tmp:
         target_dir, draft_dir = export_pair(*shipped_pair(), Path(tmp))
         model, draft_model = read_ir(target_dir), read_ir(draft_dir)
@@ -115,10 +120,18 @@ def main() -> None:
         for name, config in CONFIGS.items():
             print(f"  {name:<44} identical requests: {exactness(model, draft_model, prompts, config)}")
         targets = {name: compiled_target(model, CONFIGS[name], 1100) for name in TIMED}
-        print("decode call, one row per sequence (ms, best quartile of 30 calls, configurations interleaved):")
+        print(f"decode call, one row per sequence (ms, best quartile of 30 calls; median of {args.rounds} rounds, ")
+        print("configurations interleaved; in brackets this configuration's time / f32's within rounds, median):")
         for seqs, past in ((1, 100), (1, 2000), (1, 4000), (8, 2000), (16, 2000)):
-            best = {name: min(decode_ms(t, seqs, past) for _ in range(3)) for name, t in targets.items()}
-            cells = "  ".join(f"{LABELS[name]} {ms:.2f}" for name, ms in best.items())
+            cases = {
+                name: lambda t=t: harness.Measured(decode_ms(t, seqs, past) / 1e3)  # noqa: B023 (called in the loop)
+                for name, t in targets.items()
+            }
+            rounds = harness.interleave(cases, args.rounds, seed=args.seed + seqs + past)
+            cells = "  ".join(
+                f"{LABELS[name]} {rounds.median(name) * 1e3:.2f} ({rounds.ratio(name, 'f32').median:.2f}x)"
+                for name in TIMED
+            )
             print(f"  {seqs:>2} seq x {past:>4} context: {cells}")
 
 

@@ -4,12 +4,13 @@ Prints tokens/s, mean acceptance length and where the time goes (target inferenc
 all measured side by side in one run. By default it uses the tiny random pair (which accepts little: it measures
 overhead); pass --target/--draft checkpoint folders (e.g. the shipped demo pair) for a real acceptance rate.
 
-    python bench/bench_runtime.py [--target CKPT --draft CKPT] [--new-tokens 64]
+    python bench/bench_runtime.py [--target CKPT --draft CKPT] [--new-tokens 64] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 from pathlib import Path
 
@@ -27,22 +28,26 @@ from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
 
+import harness
 
-def run(target_model, draft_model, prompts, new_tokens, options, repeats):
-    """Best-of-`repeats` wall time for all prompts as concurrent requests; returns the scheduler's metrics."""
-    best = None
-    target = PagedModel(target_model, **options)
-    drafter = BlockDrafter(draft_model, **options) if draft_model is not None else None
-    # one planner for all repeats, as a Pipeline keeps one across runs: a new one would calibrate in every repeat
-    speculation = Speculation(drafter.max_candidates, drafter.candidate_offset) if drafter is not None else None
-    for _ in range(repeats):
-        scheduler = Scheduler(target, drafter, speculation=speculation)
-        for p in prompts:
-            scheduler.add_request(p, GenerationConfig(max_new_tokens=new_tokens))
+
+class Mode:
+    """One side: a target (and draft) compiled once, with one planner across rounds (as a Pipeline keeps one: a new
+    one would calibrate in every round); each call serves all prompts as concurrent requests."""
+
+    def __init__(self, target_model, draft_model, options: dict):
+        self.target = PagedModel(target_model, **options)
+        self.drafter = BlockDrafter(draft_model, **options) if draft_model is not None else None
+        spec = self.drafter and Speculation(self.drafter.max_candidates, self.drafter.candidate_offset)
+        self.speculation = spec
+        self.metrics = None  # the last run's
+
+    def __call__(self, prompts: list[list[int]], new_tokens: int) -> harness.Measured:
+        scheduler = Scheduler(self.target, self.drafter, speculation=self.speculation)
+        requests = [scheduler.add_request(p, GenerationConfig(max_new_tokens=new_tokens)) for p in prompts]
         scheduler.run()
-        if best is None or scheduler.metrics.wall_s < best.wall_s:
-            best = scheduler.metrics
-    return best
+        self.metrics = scheduler.metrics
+        return harness.Measured(scheduler.metrics.wall_s, [r.generated for r in requests])
 
 
 def main() -> None:
@@ -50,10 +55,11 @@ def main() -> None:
     parser.add_argument("--target", help="target checkpoint folder (default: tiny random)")
     parser.add_argument("--draft", help="DFlash draft checkpoint folder (default: tiny random)")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kv-cache-precision", default="u8")
     parser.add_argument("--inference-precision", default=None)
+    harness.add_arguments(parser, rounds=3)
     args = parser.parse_args()
+    harness.start("Runtime: a target and draft pair, 1, 4 and 16 concurrent requests, with the draft and alone")
     with tempfile.TemporaryDirectory() as tmp:
         target_dir = Path(args.target) if args.target else write_tiny_target(Path(tmp) / "t")
         draft_dir = Path(args.draft) if args.draft else write_tiny_dflash(Path(tmp) / "d")
@@ -68,18 +74,21 @@ def main() -> None:
             f"{dcfg.num_layers} layers, block {dcfg.block_size}; {args.new_tokens} new tokens per request"
         )
         header = (
-            f"{'requests':>8} {'mode':>7} {'tok/s':>8} {'speedup':>7} {'accept len':>10} {'steps':>6} "
+            f"{'requests':>8} {'mode':>7} {'tok/s':>8} {'speed-up (range)':>18} {'accept len':>10} {'steps':>6} "
             f"{'target ms':>9} {'draft ms':>9} {'host ms':>8} {'host %':>6} {'host ms/step':>12}"
         )
         print(header)
+        modes = {"alone": Mode(target_model, None, options), "draft": Mode(target_model, draft_model, options)}
         for n in (1, 4, 16):
             prompts = [rng.integers(0, min(tcfg.vocab_size, 256), 32).tolist() for _ in range(n)]
-            alone = run(target_model, None, prompts, args.new_tokens, options, args.repeats)
-            spec = run(target_model, draft_model, prompts, args.new_tokens, options, args.repeats)
-            for mode, m in (("alone", alone), ("draft", spec)):
-                speedup = m.tokens_per_second / alone.tokens_per_second
+            cases = {name: functools.partial(mode, prompts, args.new_tokens) for name, mode in modes.items()}
+            rounds = harness.interleave(cases, args.rounds, seed=args.seed + n)
+            harness.require_equal(rounds.outputs, "alone")  # greedy speculative decoding is lossless
+            for name, mode in modes.items():
+                m = mode.metrics  # the last round's breakdown
+                tokens_per_s = n * args.new_tokens / rounds.median(name)
                 print(
-                    f"{n:>8} {mode:>7} {m.tokens_per_second:>8.1f} {speedup:>6.2f}x "
+                    f"{n:>8} {name:>7} {tokens_per_s:>8.1f} {rounds.ratio('alone', name)!s:>18} "
                     f"{m.requests.mean_acceptance_length:>10.2f} {m.steps:>6} {m.target_infer_s * 1e3:>9.1f} "
                     f"{m.draft_infer_s * 1e3:>9.1f} {m.host_s * 1e3:>8.1f} {100 * m.host_s / m.wall_s:>5.1f}% "
                     f"{m.host_s * 1e3 / m.steps:>12.3f}"

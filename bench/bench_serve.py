@@ -8,7 +8,7 @@ one burst per side, in a new random order. It reports aggregate tokens/s (comple
 whole burst), TTFT p50 / p99 (request sent to first text received, queueing included), the acceptance the server's
 /metrics counted, and the speed-up as the median of per-round ratios.
 
-    python bench/bench_serve.py [--clients 16 64] [--max-tokens 64] [--rounds 5]
+    python bench/bench_serve.py [--clients 16 64] [--max-tokens 64] [--rounds 5] [--seed 0]
                                 [--target DIR --draft DIR (exported)]
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
-import random
 import socket
 import statistics
 import subprocess
@@ -31,7 +31,8 @@ import numpy as np
 
 from ovbuild.demo import DEMO_PROMPTS, export_pair, shipped_pair
 from ovbuild.export import export
-from ovbuild.runtime.machine import describe
+
+import harness
 
 PROMPTS = [*DEMO_PROMPTS, "def read(path):\n", "import sys\n\n", "    for i in range(", "    return "]
 
@@ -68,30 +69,31 @@ class Server:
         self.process.wait(30)
 
 
-async def one(http: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[float, int]:
-    """(TTFT in s, completion tokens) of one streaming request."""
+async def one(http: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[float, int, str]:
+    """(TTFT in s, completion tokens, text) of one streaming greedy request."""
     body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
     body["stream_options"] = {"include_usage": True}
-    start, ttft, tokens = time.perf_counter(), None, 0
+    start, ttft, tokens, text = time.perf_counter(), None, 0, ""
     async with http.stream("POST", "/v1/completions", json=body) as answer:
         async for line in answer.aiter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0]["text"] and ttft is None:
-                ttft = time.perf_counter() - start
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                ttft = time.perf_counter() - start if ttft is None else ttft
+                text += chunk["choices"][0]["text"]
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return ttft if ttft is not None else float("nan"), tokens
+    return ttft if ttft is not None else float("nan"), tokens, text
 
 
-async def burst(url: str, clients: int, max_tokens: int) -> tuple[float, list[float], int]:
+async def burst(url: str, clients: int, max_tokens: int) -> tuple[float, list[float], int, list[str]]:
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         start = time.perf_counter()
         results = await asyncio.gather(*(one(http, PROMPTS[i % len(PROMPTS)], max_tokens) for i in range(clients)))
         wall = time.perf_counter() - start
-    return wall, [r[0] for r in results], sum(r[1] for r in results)
+    return wall, [r[0] for r in results], sum(r[1] for r in results), [r[2] for r in results]
 
 
 def counters(url: str) -> dict[str, float]:
@@ -106,26 +108,32 @@ def counters(url: str) -> dict[str, float]:
 def burst_row(server: Server, clients: int, max_tokens: int) -> dict:
     """One burst of `clients` streaming requests: tokens/s, TTFTs and the acceptance the server's /metrics counted."""
     before = counters(server.url)
-    wall, ttfts, tokens = asyncio.run(burst(server.url, clients, max_tokens))
+    wall, ttfts, tokens, texts = asyncio.run(burst(server.url, clients, max_tokens))
     after = counters(server.url)
     drafts, accepted = (
         after.get(name, 0) - before.get(name, 0)
         for name in ("ovbuild_spec_decode_num_drafts_total", "ovbuild_spec_decode_num_accepted_tokens_total")
     )
-    return {"tokens_per_s": tokens / wall, "ttfts": ttfts, "drafts": drafts, "accepted": accepted}
+    return {"tokens_per_s": tokens / wall, "ttfts": ttfts, "drafts": drafts, "accepted": accepted, "texts": texts}
 
 
-def side_by_side(sides: dict[str, Server], client_counts: list[int], max_tokens: int, rounds: int) -> dict:
-    """Every side's burst once per round, in a new random order each round: {clients: {side: [row per round]}}."""
-    rng = random.Random(0)
+def side_by_side(sides: dict[str, Server], client_counts: list[int], max_tokens: int, rounds: int, seed: int) -> dict:
+    """Every side's burst once per round, in a new random order each round (harness.interleave), every side's texts
+    equal to the target alone's: {clients: (rounds of seconds per token, {side: [row per round]})}."""
     for server in sides.values():
         asyncio.run(burst(server.url, 4, 8))  # warm-up: first-call allocations stay out of the figures
     runs = {}
     for clients in client_counts:
-        runs[clients] = {side: [] for side in sides}
-        for _ in range(rounds):
-            for side in rng.sample(list(sides), len(sides)):
-                runs[clients][side].append(burst_row(sides[side], clients, max_tokens))
+        rows: dict[str, list[dict]] = {side: [] for side in sides}
+
+        def case(side: str, clients: int = clients, rows: dict = rows) -> harness.Measured:
+            rows[side].append(burst_row(sides[side], clients, max_tokens))
+            return harness.Measured(1 / rows[side][-1]["tokens_per_s"], rows[side][-1]["texts"])
+
+        cases = {side: functools.partial(case, side) for side in sides}
+        timed = harness.interleave(cases, rounds, seed=seed + clients, warmup=False)
+        harness.require_equal(timed.outputs, "target alone")
+        runs[clients] = (timed, rows)
     return runs
 
 
@@ -135,17 +143,13 @@ def report(runs: dict, max_tokens: int, rounds: int) -> None:
     )
     print("(tokens/s and TTFT: medians over rounds; speed-up: median of per-round ratios to the target alone, min-max)")
     print(f"{'clients':>7} {'side':>12} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'tau':>5}  speed-up")
-    for clients, sides in runs.items():
-        alone = [row["tokens_per_s"] for row in sides["target alone"]]
+    for clients, (timed, sides) in runs.items():
         for side, rows in sides.items():
             speed = [row["tokens_per_s"] for row in rows]
             p50, p99 = (statistics.median(float(np.percentile(r["ttfts"], q)) * 1e3 for r in rows) for q in (50, 99))
             drafts = sum(r["drafts"] for r in rows)
             tau = 1 + sum(r["accepted"] for r in rows) / drafts if drafts else 1.0
-            ratio = ""
-            if side != "target alone":
-                ratios = [s / a for s, a in zip(speed, alone, strict=True)]
-                ratio = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            ratio = "" if side == "target alone" else str(timed.ratio("target alone", side))
             print(
                 f"{clients:>7} {side:>12} {statistics.median(speed):>9.1f} {p50:>7.0f}ms {p99:>7.0f}ms {tau:>5.2f}  "
                 f"{ratio}"
@@ -156,11 +160,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--target", help="exported target folder (default: the shipped demo pair, exported now)")
     parser.add_argument("--draft", help="exported draft folder")
+    harness.add_arguments(parser, rounds=5)
     args = parser.parse_args()
-    print(describe())
+    harness.start("ovbuild serve under load: the target alone and with its draft, side by side")
     with tempfile.TemporaryDirectory(prefix="bench_serve_") as tmp:
         if args.target:
             target, draft = Path(args.target), Path(args.draft) if args.draft else None
@@ -173,7 +177,7 @@ def main() -> None:
         try:
             if draft:
                 sides["draft"] = Server(target, draft)
-            runs = side_by_side(sides, args.clients, args.max_tokens, args.rounds)
+            runs = side_by_side(sides, args.clients, args.max_tokens, args.rounds, args.seed)
         finally:
             for server in sides.values():
                 server.close()

@@ -13,7 +13,7 @@ for token. With `--inference-precision bf16` (ovbuild's default target math on a
 ovbuild's draft must still equal ovbuild's alone; GenAI's modes compute in bf16 otherwise than ovbuild does, so their
 requests equal to ovbuild's alone are counted instead.
 
-One request at a time it also prints the floor of issue 14: for each pinned draft length k, its measured mean acceptance
+One request at a time it prints the speculation floor: for each pinned draft length k, its mean acceptance
 length tau_k times t_alone(1 row) / (t_target(k + 1 rows) + t_draft(tau_k + k + 1 rows) + t_host), each call time the
 fastest of the recent calls the runtime made with about that many rows (CallCost.fastest), host the per-step average of
 a step with a draft call; the best k is the most speculation could give on this pair and machine, and the measured ratio
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from itertools import zip_longest
@@ -42,10 +41,11 @@ import openvino_genai as genai
 from ovbuild.demo import DEMO_PROMPTS, shipped_pair
 from ovbuild.export import export
 from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.machine import describe
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
+
+import harness
 
 # Starts of Python code like the demo target's training text (standard-library style); the first four are the demo's.
 PROMPTS = [
@@ -168,21 +168,15 @@ def _add(a: list[int], b: list[int]) -> list[int]:
     return [x + y for x, y in zip_longest(a, b, fillvalue=0)]
 
 
-def timed(run) -> tuple[float, list[list[int]]]:
-    start = time.perf_counter()
-    tokens = run()
-    return time.perf_counter() - start, tokens
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--kv-cache-precision", default=EXACT_TARGET.kv_cache_precision)
     parser.add_argument("--inference-precision", default="f32", choices=("f32", "bf16"), help="the targets' math")
+    harness.add_arguments(parser, rounds=5)
     args = parser.parse_args()
-    print(describe())
+    harness.start("ovbuild against stock OpenVINO GenAI on the shipped demo pair, side by side")
     with tempfile.TemporaryDirectory(prefix="ovbuild_vs_genai_") as tmp:
         tmp = Path(tmp)
         target_ckpt, draft_ckpt = shipped_pair()
@@ -200,7 +194,6 @@ def main() -> None:
         for pipeline in (modes.pipeline, modes.alone):  # every row count's copy now: no timed run compiles one
             pipeline.compile_copies()
         encode = modes.pipeline.encode
-        rng = np.random.default_rng(0)
         print(
             f"demo pair, {args.new_tokens} new tokens per request (EOS ignored), {args.inference_precision} "
             "inference, "
@@ -209,32 +202,26 @@ def main() -> None:
         for n in args.concurrency:
             prompts = [encode(p) for p in PROMPTS[:n]] if n > 1 else [encode(p) for p in PROMPTS[:4]]
             runs = modes.runs(prompts, concurrent=n > 1)
-            for run in runs.values():  # warm-up: first-call allocations and shape compilations stay out
-                run()
-            seconds: dict[str, list[float]] = {name: [] for name in runs}
             reference = runs["ovbuild alone"]()
             equal: dict[str, list[int]] = {}  # GenAI modes at other than f32: requests equal to ovbuild's alone
+
+            def check(name: str, tokens: list[list[int]], reference=reference, equal=equal) -> None:
+                same = sum(a == b for a, b in zip(tokens, reference, strict=True))
+                if name.startswith("GenAI") and args.inference_precision != "f32":
+                    equal.setdefault(name, []).append(same)
+                elif tokens != reference:
+                    raise harness.OutputsDiffer(f"{name}: {same}/{len(tokens)} requests equal ovbuild's target alone")
+
             modes.draft_lengths = []
-            for _ in range(args.rounds):
-                # a new order every round: a mode always run after the same neighbour would carry that neighbour's
-                # effect on caches and clocks into every ratio
-                for name in rng.permutation(list(runs)):
-                    s, tokens = timed(runs[name])
-                    seconds[name].append(s)
-                    same = sum(a == b for a, b in zip(tokens, reference, strict=True))
-                    if name.startswith("GenAI") and args.inference_precision != "f32":
-                        equal.setdefault(name, []).append(same)
-                    elif tokens != reference:
-                        raise SystemExit(f"{name}: {same}/{len(tokens)} requests equal ovbuild's target alone")
-            report(n, len(prompts), args.new_tokens, seconds)
+            rounds = harness.interleave(runs, args.rounds, seed=args.seed + n, check=check)
+            report(n, len(prompts), args.new_tokens, rounds)
             for name, counts in equal.items():
                 print(f"    {name}: {min(counts)}-{max(counts)} of {len(prompts)} requests equal to ovbuild's alone")
             print(
                 f"    ovbuild draft lengths chosen (all rounds, decode steps drafting 0, 1, ...): {modes.draft_lengths}"
             )
             if n == 1:
-                ratios = [a / d for a, d in zip(seconds["ovbuild alone"], seconds["ovbuild draft"], strict=True)]
-                print_floor(modes, prompts, block, statistics.median(ratios))
+                print_floor(modes, prompts, block, rounds.ratio("ovbuild alone", "ovbuild draft").median)
 
 
 def fastest_decode_call(target: PagedModel, context: int = 16, calls: int = 50) -> float:
@@ -266,8 +253,8 @@ def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: fl
             tokens = {}
             for name, use_draft in order:
                 pinned_k = k if use_draft else None
-                s, tokens[name] = timed(lambda p=p, d=use_draft, n=pinned_k: modes.ovbuild([p], d, False, n))
-                seconds[name] += s
+                run = harness.timed(lambda p=p, d=use_draft, n=pinned_k: modes.ovbuild([p], d, False, n))
+                seconds[name], tokens[name] = seconds[name] + run.seconds, run.output
                 if use_draft:
                     runs.append(modes.last_metrics.requests)  # the calls also fed the cost models
             if tokens["alone"] != tokens["pinned"]:
@@ -289,19 +276,18 @@ def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: fl
     )
 
 
-def report(n: int, requests: int, new_tokens: int, seconds: dict[str, list[float]]) -> None:
+def report(n: int, requests: int, new_tokens: int, rounds: harness.Rounds) -> None:
     """tokens/s per mode (median) and ratios taken within each round (median, min-max)."""
     label = "one request at a time" if n == 1 else f"{n} requests at once"
     tokens = requests * new_tokens
     print(f"\n{label} ({requests} prompts):")
-    for name, values in seconds.items():
-        print(f"  {name:<20} {tokens / statistics.median(values):8.1f} tokens/s")
+    for name in rounds.seconds:
+        print(f"  {name:<20} {tokens / rounds.median(name):8.1f} tokens/s")
     pairs = [("ovbuild alone (A/A)", "ovbuild alone"), ("ovbuild draft", "ovbuild alone")]
     pairs += [("ovbuild alone", "GenAI LLMPipeline"), ("ovbuild draft", "GenAI DFlash")] if n == 1 else []
     pairs += [("ovbuild alone", "GenAI CB"), ("ovbuild draft", "GenAI CB")] if n > 1 else []
     for a, b in pairs:
-        ratios = [tb / ta for ta, tb in zip(seconds[a], seconds[b], strict=True)]  # speed a / speed b
-        print(f"  {a} / {b}: {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"  {a} / {b}: {rounds.ratio(b, a)}")  # speed a / speed b: seconds b / seconds a, within rounds
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
-"""Shared fixtures: tiny checkpoints written once per test session (deterministic by seed)."""
+"""Shared fixtures: tiny checkpoints written once per test session (deterministic by seed), and the one way a test
+gets an exported pair: `export_pair` (the target with the draft's taps, the draft with the target's tables, as a user
+exports them), for the tiny random pair (`tiny_pair`) and the shipped demo pair (`demo_pair`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from ovbuild.export import export
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.runtime import machine
+from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
@@ -64,3 +70,29 @@ def bf16_units(monkeypatch):
     same way): so that those rules are tested on every CPU. Compile nothing under it: the plugin itself still
     computes on this CPU's terms."""
     monkeypatch.setattr(machine, "cpu_capabilities", lambda: ["FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"])
+
+
+def export_pair(target_ckpt: Path, draft_ckpt: Path, root: Path) -> tuple[Path, Path]:
+    """(target folder, draft folder) exported into `root` as a user exports a pair (default weight formats)."""
+    target = export(target_ckpt, root / "target", draft_of=draft_ckpt, quiet=True).out
+    return target, export(draft_ckpt, root / "draft", target_model=target_ckpt, quiet=True).out
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory, tiny_target, tiny_draft):
+    """The tiny target and DFlash draft, exported once per session (tests that change a file copy the folder)."""
+    return export_pair(tiny_target, tiny_draft, tmp_path_factory.mktemp("tiny_pair"))
+
+
+@pytest.fixture(scope="session")
+def demo_pair(tmp_path_factory):
+    """The shipped demo pair (a trained target and draft), exported once per session."""
+    from ovbuild.demo import shipped_pair
+
+    return export_pair(*shipped_pair(), tmp_path_factory.mktemp("demo_pair"))
+
+
+@pytest.fixture(scope="module")
+def demo_pipeline(demo_pair):
+    """A Pipeline on the demo pair with the default runtime options, compiled once per test module."""
+    return Pipeline(*demo_pair)

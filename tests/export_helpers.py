@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,9 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from ovbuild.cli import main
-from ovbuild.graph.dflash import build_dflash_draft
-from ovbuild.graph.target import build_target
-from ovbuild.ir import save_ir
 from ovbuild.testing.tokenizer import MASK_ID
 
 # (seq, context rows, block): two sequences packed, then one continuing with fresh context.
@@ -114,13 +110,3 @@ def finish(child: subprocess.Popen) -> Run:
 def assert_one_line(run: Run, code: int, line: str) -> None:
     """Exit `code` and stderr exactly `line` (so no traceback)."""
     assert run.code == code and run.err.splitlines() == [line], f"exit {run.code}, stderr {run.err!r}"
-
-
-def write_exported_pair(root: Path, tiny_target: Path, target, draft) -> tuple[Path, Path]:
-    """IR folders as an export writes them: the target with its tokenizer and generation config, and the draft IR."""
-    (tcfg, tweights), (dcfg, dweights) = target, draft
-    save_ir(build_target(tcfg, tweights, dcfg.target_layer_ids), root / "target" / "openvino_model.xml")
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"):
-        shutil.copy(tiny_target / name, root / "target" / name)
-    save_ir(build_dflash_draft(dcfg, dweights, tweights), root / "draft" / "openvino_model.xml")
-    return root / "target", root / "draft"

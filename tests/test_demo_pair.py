@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ovbuild.demo import DEMO_PROMPTS, export_pair, shipped_pair
+from ovbuild.demo import DEMO_PROMPTS
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 NEW_TOKENS = 96
 # Measured 2.55 (k = 7) on these prompts when the pair was shipped; a drop below the floor means the checkpoints,
@@ -15,38 +17,28 @@ PINNED_K = 7
 ACCEPTANCE_FLOOR = 2.2
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return export_pair(*shipped_pair(), tmp_path_factory.mktemp("demo"))
-
-
-@pytest.fixture(scope="module")
-def pipeline(folders):
-    return Pipeline(*folders)
-
-
 def repeats_a_run(ids: list[int], n: int = 16) -> bool:
     """Whether some n-token run occurs twice: the target looping."""
     runs = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
     return len(set(runs)) < len(runs)
 
 
-def test_demo_prompts_do_not_loop(folders):
+def test_demo_prompts_do_not_loop(demo_pair):
     """In f32 math, where the prompts were chosen. With bf16 math (the default on a CPU with AVX-512 bf16 units and no
     AMX) the second prompt's text repeats a 16-token run after about 60 tokens; its f32 text is as repetitive, as a
     5.8M-parameter model's greedy text is, but stays one run short of that."""
     options = RuntimeOptions(target=ModelOptions(EXACT_TARGET.kv_cache_precision, "f32", EXACT_TARGET.cache_mb))
-    requests, _ = Pipeline(*folders, options).generate(list(DEMO_PROMPTS), NEW_TOKENS, use_draft=False)
+    requests, _ = Pipeline(*demo_pair, options).generate(list(DEMO_PROMPTS), NEW_TOKENS, use_draft=False)
     assert all(len(r.generated) == NEW_TOKENS for r in requests)
     assert not [r.id for r in requests if repeats_a_run(r.generated)], "a demo prompt makes the target loop"
 
 
-def test_acceptance_stays_above_the_floor_and_output_is_lossless(pipeline):
+def test_acceptance_stays_above_the_floor_and_output_is_lossless(demo_pipeline):
     # k pinned to the full block: the floor is the draft's quality, which the adaptive choice (timing-dependent, and
     # shorter on slow machines) would blur
-    speculative, metrics = pipeline.generate(list(DEMO_PROMPTS), NEW_TOKENS, PINNED_K)
-    adaptive, _ = pipeline.generate(list(DEMO_PROMPTS), NEW_TOKENS)  # the demo's default: k chosen each step
-    alone, _ = pipeline.generate(list(DEMO_PROMPTS), NEW_TOKENS, use_draft=False)
+    speculative, metrics = demo_pipeline.generate(list(DEMO_PROMPTS), NEW_TOKENS, PINNED_K)
+    adaptive, _ = demo_pipeline.generate(list(DEMO_PROMPTS), NEW_TOKENS)  # the demo's default: k chosen each step
+    alone, _ = demo_pipeline.generate(list(DEMO_PROMPTS), NEW_TOKENS, use_draft=False)
     tau = metrics.requests.mean_acceptance_length
     print(f"demo pair: mean acceptance length {tau:.2f}, histogram {metrics.requests.accepted_histogram}")
     assert [r.generated for r in speculative] == [r.generated for r in alone]
@@ -56,22 +48,22 @@ def test_acceptance_stays_above_the_floor_and_output_is_lossless(pipeline):
 
 # a stop string early (the whole text is decoded) and late (only the tail is decoded until the stop string shows)
 @pytest.mark.parametrize("at", [5, 40])
-def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(pipeline, at):
-    prompt = pipeline.encode(DEMO_PROMPTS[0])
+def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(demo_pipeline, at):
+    prompt = demo_pipeline.encode(DEMO_PROMPTS[0])
 
     def run(use_draft: bool, stop_strings: tuple[str, ...] = ()):
-        scheduler = pipeline.scheduler(use_draft=use_draft)
+        scheduler = demo_pipeline.scheduler(use_draft=use_draft)
         scheduler.add_request(prompt, GenerationConfig(max_new_tokens=48, stop_strings=stop_strings))  # no EOS
         return scheduler.run()[0]
 
     free = run(False)
-    stop = pipeline.decode(free.generated[at : at + 2])  # text the target produces mid-way
-    assert stop and stop in pipeline.decode(free.generated) and len(free.generated) == 48
-    text = pipeline.decode(free.generated)
+    stop = demo_pipeline.decode(free.generated[at : at + 2])  # text the target produces mid-way
+    assert stop and stop in demo_pipeline.decode(free.generated) and len(free.generated) == 48
+    text = demo_pipeline.decode(free.generated)
     results = [run(d, (stop,)) for d in (False, True)]
     for request in results:
         assert request.finish_reason == "stop_string"
         assert request.text == text[: text.find(stop)]
         cut = len(request.text)  # the tokens kept are the fewest whose text reaches past the cut
-        assert len(pipeline.decode(request.generated)) > cut >= len(pipeline.decode(request.generated[:-1]))
+        assert len(demo_pipeline.decode(request.generated)) > cut >= len(demo_pipeline.decode(request.generated[:-1]))
     assert results[0].generated == results[1].generated

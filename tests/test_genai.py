@@ -31,6 +31,8 @@ from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tokenizer import byte_level_tokenizer
 from ovbuild.weights.checkpoint import Checkpoint
 
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
+
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}
 TAPS = (1, 3, 5)
 PROMPT = [5, 17, 42, 99, 7, 100, 3]

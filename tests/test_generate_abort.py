@@ -7,8 +7,6 @@ import pytest
 
 from ovbuild.runtime.pipeline import ModelOptions, Pipeline, RuntimeOptions
 
-from export_helpers import write_exported_pair
-
 PROMPTS = ["def add(a, b):", "import os\n", "hello", "x = [1, 2"]
 F32 = ModelOptions("f32", "f32", 4)
 
@@ -18,9 +16,8 @@ class Boom(Exception):
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, tiny_target, target, draft):
-    folders = write_exported_pair(tmp_path_factory.mktemp("exported"), tiny_target, target, draft)
-    return Pipeline(*folders, RuntimeOptions(target=F32, draft=F32))
+def pipeline(tiny_pair):
+    return Pipeline(*tiny_pair, RuntimeOptions(target=F32, draft=F32))
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,11 @@ from ovbuild import demo
 from ovbuild.cli import main
 from ovbuild.runtime.static_rows import COPY_ROWS
 
-from export_helpers import write_exported_pair
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory, tiny_target, target, draft):
-    """IR folders as an export writes them: target with tokenizer and generation config, draft IR."""
-    return write_exported_pair(tmp_path_factory.mktemp("exported"), tiny_target, target, draft)
-
-
-def generate(folders, tmp_path, *extra):
-    target, _ = folders
+def generate(tiny_pair, tmp_path, *extra):
+    target, _ = tiny_pair
     out = tmp_path / f"out{len(list(tmp_path.iterdir()))}.json"
     args = [
         "generate",
@@ -44,9 +38,9 @@ def generate(folders, tmp_path, *extra):
     return json.loads(out.read_text())
 
 
-def test_generate_with_and_without_draft_gives_the_same_tokens(folders, tmp_path, capsys):
-    alone = generate(folders, tmp_path)
-    spec = generate(folders, tmp_path, "--draft", str(folders[1]), "--trace", "--num-assistant-tokens", "5")
+def test_generate_with_and_without_draft_gives_the_same_tokens(tiny_pair, tmp_path, capsys):
+    alone = generate(tiny_pair, tmp_path)
+    spec = generate(tiny_pair, tmp_path, "--draft", str(tiny_pair[1]), "--trace", "--num-assistant-tokens", "5")
     assert [r["generated_ids"] for r in spec["requests"]] == [r["generated_ids"] for r in alone["requests"]]
     assert all(len(r["generated_ids"]) == 12 for r in spec["requests"])
     totals = spec["totals"]
@@ -58,38 +52,38 @@ def test_generate_with_and_without_draft_gives_the_same_tokens(folders, tmp_path
     assert "mean acceptance length" in err and "tokens/s" in err
 
 
-def test_the_runtime_line_says_how_the_plugin_compiled_the_models(folders, tmp_path, capsys):
+def test_the_runtime_line_says_how_the_plugin_compiled_the_models(tiny_pair, tmp_path, capsys):
     """What the device runs, not what was asked: a bf16 hint on a CPU without bf16 units computes in f32."""
     bf16_units = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     options = ("--inference-precision", "bf16", "--kv-cache-precision", "u8", "--draft-inference-precision", "f32")
-    results = generate(folders, tmp_path, "--draft", str(folders[1]), *options)
+    results = generate(tiny_pair, tmp_path, "--draft", str(tiny_pair[1]), *options)
     target = "CPU, bf16 math" if bf16_units else "CPU, f32 math (bf16 asked)"
     expected = f"target {target}, u8 KV cache; draft CPU, f32 math, u8 KV cache"
     assert results["runtime"] == expected
     assert f"runtime              {expected}" in capsys.readouterr().err
 
 
-def test_single_prompt_streams_its_text(folders, tmp_path, capsys):
-    target, _ = folders
+def test_single_prompt_streams_its_text(tiny_pair, tmp_path, capsys):
+    target, _ = tiny_pair
     assert main(["generate", "--target", str(target), "--prompt", "x = ", "--max-new-tokens", "6"]) == 0
     out = capsys.readouterr().out
     assert out.endswith("\n") and len(out) > 1
 
 
-def test_missing_prompt_and_missing_folder_are_clean_errors(folders, tmp_path, capsys):
-    target, _ = folders
+def test_missing_prompt_and_missing_folder_are_clean_errors(tiny_pair, tmp_path, capsys):
+    target, _ = tiny_pair
     assert main(["generate", "--target", str(target)]) == 2
     assert "no prompt given" in capsys.readouterr().err
     assert main(["generate", "--target", str(tmp_path / "nope"), "--prompt", "a"]) == 2
     assert "no such IR file" in capsys.readouterr().err
 
 
-def test_sampling_options_same_seed_same_output_and_clean_errors(folders, tmp_path, capsys):
-    sample = ("--draft", str(folders[1]), "--do-sample", "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9")
-    runs = [generate(folders, tmp_path, *sample, "--seed", seed) for seed in ("5", "5", "6")]
+def test_sampling_options_same_seed_same_output_and_clean_errors(tiny_pair, tmp_path, capsys):
+    sample = ("--draft", str(tiny_pair[1]), "--do-sample", "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9")
+    runs = [generate(tiny_pair, tmp_path, *sample, "--seed", seed) for seed in ("5", "5", "6")]
     ids = [[r["generated_ids"] for r in run["requests"]] for run in runs]
     assert ids[0] == ids[1] and ids[0] != ids[2]
-    target, _ = folders
+    target, _ = tiny_pair
     capsys.readouterr()
     for bad, message in (("--temperature=0", "temperature = 0.0"), ("--top-p=1.5", "top_p = 1.5")):
         assert main(["generate", "--target", str(target), "--prompt", "a", "--do-sample", bad]) == 2

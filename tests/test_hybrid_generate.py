@@ -10,6 +10,8 @@ import pytest
 from ovbuild.cli import main
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):

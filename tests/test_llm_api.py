@@ -11,7 +11,6 @@ import pytest
 
 from ovbuild import LLM
 from ovbuild.cli import main
-from ovbuild.demo import export_pair
 from ovbuild.errors import ConfigError, RequestError
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.testing.tokenizer import EOS_ID
@@ -20,19 +19,14 @@ PROMPTS = ["def add(a, b):", "import os\n", "x = "]
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, tiny_target, tiny_draft):
-    return export_pair(tiny_target, tiny_draft, tmp_path_factory.mktemp("llm"))
+def llm(tiny_pair):
+    return LLM(*tiny_pair)
 
 
 @pytest.fixture(scope="module")
-def llm(pair):
-    return LLM(*pair)
-
-
-@pytest.fixture(scope="module")
-def alone(pair):
+def alone(tiny_pair):
     """Pipeline, and its requests for PROMPTS with the target alone (10 new tokens)."""
-    pipeline = Pipeline(pair[0])
+    pipeline = Pipeline(tiny_pair[0])
     return pipeline, pipeline.generate(PROMPTS, 10, use_draft=False)[0]
 
 
@@ -81,7 +75,7 @@ def test_per_request_configs(llm, alone):
     assert llm.config.eos_token_ids == (EOS_ID,)
 
 
-def test_bad_calls_are_clean_errors(llm, pair):
+def test_bad_calls_are_clean_errors(llm, tiny_pair):
     with pytest.raises(ConfigError, match="unknown generation option"):
         llm.generate("x", max_tokens=3)
     with pytest.raises(RequestError, match="outside the vocabulary"):
@@ -89,33 +83,35 @@ def test_bad_calls_are_clean_errors(llm, pair):
     with pytest.raises(RequestError, match="maximum context length is 4096"):
         llm.generate("x", max_new_tokens=5000)
     with pytest.raises(ConfigError, match="unknown runtime option"):
-        LLM(pair[0], devise="CPU")
+        LLM(tiny_pair[0], devise="CPU")
 
 
-def test_the_api_refuses_what_the_runtime_would(pair):
+def test_the_api_refuses_what_the_runtime_would(tiny_pair):
     # --max-model-len below the target's context: the API's check is the scheduler's, not config.json's
-    short = LLM(pair[0], max_model_len=12)
+    short = LLM(tiny_pair[0], max_model_len=12)
     with pytest.raises(RequestError, match="maximum context length is 12"):
         short.generate([1] * 8, max_new_tokens=5)
     assert isinstance(short.generate([1] * 8, max_new_tokens=4), str)  # 8 + 4 fits exactly
 
 
-def cli(pair, *args) -> int:
-    return main(["generate", "--target", str(pair[0]), "--max-new-tokens", "10", *args])
+def cli(tiny_pair, *args) -> int:
+    return main(["generate", "--target", str(tiny_pair[0]), "--max-new-tokens", "10", *args])
 
 
-def test_cli_prompt_ids_equal_the_text_prompt(pair, alone, capsys):
+@pytest.mark.slow  # the CLI end to end
+def test_cli_prompt_ids_equal_the_text_prompt(tiny_pair, alone, capsys):
     pipeline, expected = alone
     ids = ",".join(map(str, pipeline.encode(PROMPTS[2])))
-    assert cli(pair, "--prompt-ids", ids) == 0
+    assert cli(tiny_pair, "--prompt-ids", ids) == 0
     assert capsys.readouterr().out == expected[2].text + "\n"
-    assert cli(pair, "--prompt-ids", "1,x") == 2
+    assert cli(tiny_pair, "--prompt-ids", "1,x") == 2
     assert "--prompt-ids '1,x'" in capsys.readouterr().err
 
 
-def test_cli_streams_every_request_prefixed_by_its_index(pair, alone, capsys):
+@pytest.mark.slow  # the CLI end to end
+def test_cli_streams_every_request_prefixed_by_its_index(tiny_pair, alone, capsys):
     _, expected = alone
-    assert cli(pair, *(a for p in PROMPTS for a in ("--prompt", p)), "--draft", str(pair[1])) == 0
+    assert cli(tiny_pair, *(a for p in PROMPTS for a in ("--prompt", p)), "--draft", str(tiny_pair[1])) == 0
     out = capsys.readouterr().out
     texts = {i: "" for i in range(len(PROMPTS))}
     for line in out.split("\n")[:-1]:
@@ -128,19 +124,21 @@ def test_cli_streams_every_request_prefixed_by_its_index(pair, alone, capsys):
     assert [texts[i] for i in range(len(PROMPTS))] == [r.text.replace("\n", "") for r in expected]
 
 
-def test_cli_chat_renders_the_template(pair, capsys):
-    pipeline = Pipeline(pair[0])
+@pytest.mark.slow  # the CLI end to end
+def test_cli_chat_renders_the_template(tiny_pair, capsys):
+    pipeline = Pipeline(tiny_pair[0])
     # the tiny target's ChatML template, written out by hand
     (request,), _ = pipeline.generate("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", 10, use_draft=False)
-    assert cli(pair, "--chat", "--prompt", "hi") == 0
+    assert cli(tiny_pair, "--chat", "--prompt", "hi") == 0
     assert capsys.readouterr().out == request.text + "\n"
 
 
-def test_cli_ignore_eos_runs_past_the_end_token(pair, alone, tmp_path):
+@pytest.mark.slow  # the CLI end to end
+def test_cli_ignore_eos_runs_past_the_end_token(tiny_pair, alone, tmp_path):
     _, expected = alone
     # a copy of the target whose EOS is the first token it generates for PROMPTS[0]: it stops at once unless
     # --ignore-eos, and then generates exactly what the target alone does
-    target = shutil.copytree(pair[0], tmp_path / "target")
+    target = shutil.copytree(tiny_pair[0], tmp_path / "target")
     (target / "generation_config.json").write_text(json.dumps({"eos_token_id": expected[0].generated[0]}))
     runs = {}
     for flag in ((), ("--ignore-eos",)):

@@ -80,8 +80,9 @@ def call(model: PagedModel, past: int, tokens: list[int], one_per_row: bool) -> 
 @pytest.mark.parametrize("math, short", [("f32", False), ("bf16", False), ("f32", True)])
 def test_narrow_weights_compute_the_widened_weights_logits_and_taps(narrow_target, math, short, monkeypatch):
     """Bitwise where the math is bf16 or the weights are widened anyway. Under f32 math, weights kept narrow go through
-    other kernels, which may round otherwise (at Qwen3-4B's width: NMSE 6e-9, bench_narrow_weights.py): within the f32
-    bound there, as what speculation relies on is that rows compute alike in any call (test_static_rows.py)."""
+    other kernels, which may round otherwise (at Qwen3-4B's width: NMSE 6e-9, bench_narrow_weights.py, docs/speed.md):
+    within the f32 bound there, as what speculation relies on is that rows compute alike in any call
+    (test_static_rows.py)."""
     dtype, model = narrow_target
     with monkeypatch.context() as patch:
         if short:

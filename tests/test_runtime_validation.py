@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import ConfigError, RequestError, UnsupportedError
-from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
 from ovbuild.runtime import machine
@@ -30,20 +29,8 @@ EXPORT_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.js
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, tiny_target, target, draft):
-    """A target (4096 positions, 320 tokens) and its draft, as an export writes them."""
-    root = tmp_path_factory.mktemp("exported")
-    (tcfg, tweights), (dcfg, dweights) = target, draft
-    save_ir(build_target(tcfg, tweights, dcfg.target_layer_ids), root / "target" / "openvino_model.xml")
-    for name in EXPORT_FILES:
-        shutil.copy(tiny_target / name, root / "target" / name)
-    save_ir(build_dflash_draft(dcfg, dweights, tweights), root / "draft" / "openvino_model.xml")
-    return root / "target", root / "draft"
-
-
-@pytest.fixture(scope="module")
-def pipeline(folders):
-    return Pipeline(*folders)
+def pipeline(tiny_pair):
+    return Pipeline(*tiny_pair)
 
 
 @pytest.fixture
@@ -67,8 +54,8 @@ def no_step(monkeypatch):
     monkeypatch.setattr(Scheduler, "step", refuse)
 
 
-def generate(capsys, folders, *extra, prompt="hello"):
-    target, _ = folders
+def generate(capsys, tiny_pair, *extra, prompt="hello"):
+    target, _ = tiny_pair
     return ovbuild(capsys, "generate", "--target", target, "--prompt", prompt, "--max-new-tokens", 4, *extra)
 
 
@@ -102,36 +89,36 @@ OPTION_CASES = {
 
 
 @pytest.mark.parametrize("case", OPTION_CASES, ids=list(OPTION_CASES))
-def test_bad_option_is_one_line_before_any_model_is_compiled(case, folders, capsys, no_work):
+def test_bad_option_is_one_line_before_any_model_is_compiled(case, tiny_pair, capsys, no_work):
     extra, message = OPTION_CASES[case]
-    extra = [str(folders[1]) if a == "DRAFT" else a for a in extra]
-    assert_one_line(generate(capsys, folders, *extra), message)
+    extra = [str(tiny_pair[1]) if a == "DRAFT" else a for a in extra]
+    assert_one_line(generate(capsys, tiny_pair, *extra), message)
 
 
-def test_non_utf8_prompt_files_are_refused(folders, tmp_path, capsys, no_work):
+def test_non_utf8_prompt_files_are_refused(tiny_pair, tmp_path, capsys, no_work):
     text = tmp_path / "prompt.txt"
     text.write_bytes(b"def f():\xff\n")
     assert_one_line(
-        generate(capsys, folders, "--prompt-file", text),
+        generate(capsys, tiny_pair, "--prompt-file", text),
         f"{text}: prompt file is not valid UTF-8 (byte 0xff at offset 8)",
     )
     listed = tmp_path / "prompts.json"
     listed.write_text('["fine", "lone \\udcff surrogate"]')  # valid JSON whose second string is not UTF-8
     assert_one_line(
-        generate(capsys, folders, "--prompt-file", listed), f"{listed}: prompt 2 is not valid UTF-8 (byte 0xff"
+        generate(capsys, tiny_pair, "--prompt-file", listed), f"{listed}: prompt 2 is not valid UTF-8 (byte 0xff"
     )
 
 
-def test_unwritable_json_path_is_refused_before_generating(folders, tmp_path, capsys, no_work):
+def test_unwritable_json_path_is_refused_before_generating(tiny_pair, tmp_path, capsys, no_work):
     missing = tmp_path / "no_such_folder" / "out.json"
     assert_one_line(
-        generate(capsys, folders, "--json", missing),
+        generate(capsys, tiny_pair, "--json", missing),
         f"--json {missing}: cannot be written (no folder {missing.parent})",
     )
-    assert_one_line(generate(capsys, folders, "--json", tmp_path), f"--json {tmp_path}: is a folder, not a file")
+    assert_one_line(generate(capsys, tiny_pair, "--json", tmp_path), f"--json {tmp_path}: is a folder, not a file")
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    assert_one_line(generate(capsys, folders, "--json", blocker / "out.json"), "cannot be written (no folder")
+    assert_one_line(generate(capsys, tiny_pair, "--json", blocker / "out.json"), "cannot be written (no folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # the probe leaves nothing behind
 
 
@@ -149,27 +136,27 @@ def test_json_probe_reports_a_read_only_folder(tmp_path, monkeypatch):
 # -- command line: checks that need the target's tokenizer and context length --------------------------------------
 
 
-def test_prompt_beyond_the_context_length_is_refused(folders, capsys, no_step):
+def test_prompt_beyond_the_context_length_is_refused(tiny_pair, capsys, no_step):
     # "hello" is 5 byte tokens; the tiny target's config.json says max_position_embeddings 4096
     assert_one_line(
-        generate(capsys, folders, "--max-new-tokens", "4092"),
+        generate(capsys, tiny_pair, "--max-new-tokens", "4092"),
         "prompt 1: 5 prompt tokens + max_new_tokens 4092 = 4097 positions, beyond max_model_len 4096",
     )
     assert_one_line(
-        generate(capsys, folders, "--max-model-len", "8"),
+        generate(capsys, tiny_pair, "--max-model-len", "8"),
         "prompt 1: 5 prompt tokens + max_new_tokens 4 = 9 positions, beyond max_model_len 8",
     )
     assert_one_line(
-        generate(capsys, folders, "--max-model-len", "5000"),
+        generate(capsys, tiny_pair, "--max-model-len", "5000"),
         "max model length 5000 is beyond the 4096 positions target",
     )
 
 
-def test_max_model_len_allows_what_fits(folders, capsys):
-    assert generate(capsys, folders, "--max-model-len", "9").code == 0
+def test_max_model_len_allows_what_fits(tiny_pair, capsys):
+    assert generate(capsys, tiny_pair, "--max-model-len", "9").code == 0
 
 
-def test_prompt_tokens_outside_the_vocabulary_are_refused(folders, tmp_path, capsys, no_step):
+def test_prompt_tokens_outside_the_vocabulary_are_refused(tiny_pair, tmp_path, capsys, no_step):
     # A target of 128 tokens with the 258-token byte tokenizer: "é" encodes as bytes 0xc3 0xa9.
     ckpt = write_tiny_target(tmp_path / "ckpt", vocab_size=128)
     cfg, weights = load_target(Checkpoint.open(ckpt))
@@ -225,7 +212,7 @@ def test_pipeline_checks_every_prompt_before_queueing_any(pipeline, monkeypatch)
         pipeline.generate(["a"], 0)
 
 
-def test_pipeline_refuses_bad_runtime_options_before_compiling(folders, no_work):
+def test_pipeline_refuses_bad_runtime_options_before_compiling(tiny_pair, no_work):
     cases = [
         (RuntimeOptions(device="FPGA"), ConfigError, "unknown device 'FPGA' \\(available: CPU"),
         (RuntimeOptions(target=ModelOptions("f16", "f32", float("nan"))), ConfigError, "target cache_mb must be"),
@@ -236,11 +223,11 @@ def test_pipeline_refuses_bad_runtime_options_before_compiling(folders, no_work)
     ]
     for options, error, message in cases:
         with pytest.raises(error, match=message):
-            Pipeline(*folders, options)
+            Pipeline(*tiny_pair, options)
 
 
-def test_pipeline_max_model_len_lowers_the_limit(folders):
-    lowered = Pipeline(folders[0], options=RuntimeOptions(max_model_len=6))
+def test_pipeline_max_model_len_lowers_the_limit(tiny_pair):
+    lowered = Pipeline(tiny_pair[0], options=RuntimeOptions(max_model_len=6))
     assert lowered.max_model_len == 6
     with pytest.raises(RequestError, match="beyond max_model_len 6"):
         lowered.generate(["abc"], 4)
@@ -289,9 +276,9 @@ def test_a_target_runs_in_bf16_only_where_that_was_measured_exact(flags, monkeyp
 
 
 @pytest.mark.parametrize("part", ["openvino_model.bin", "openvino_model.xml"])
-def test_a_truncated_ir_is_one_error_line_naming_it(folders, tmp_path, capsys, part):
+def test_a_truncated_ir_is_one_error_line_naming_it(tiny_pair, tmp_path, capsys, part):
     """A copy or download cut short: an ovbuild error that names the IR, not OpenVINO's traceback."""
-    target = shutil.copytree(folders[0], tmp_path / "target")
+    target = shutil.copytree(tiny_pair[0], tmp_path / "target")
     with open(target / part, "r+b") as f:
         f.truncate(f.seek(0, 2) // 2)
     run = ovbuild(capsys, "generate", "--target", target, "--prompt", "abc", "--max-new-tokens", "2")
@@ -307,9 +294,9 @@ def test_a_truncated_ir_is_one_error_line_naming_it(folders, tmp_path, capsys, p
     ],
 )
 def test_a_damaged_file_of_the_target_folder_is_one_error_line_naming_it(
-    folders, tmp_path, capsys, name, extra, message
+    tiny_pair, tmp_path, capsys, name, extra, message
 ):
-    target = shutil.copytree(folders[0], tmp_path / "target")
+    target = shutil.copytree(tiny_pair[0], tmp_path / "target")
     if name == "tokenizer_config.json":  # a chat template to read
         (target / name).write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}"}))
     text = (target / name).read_text()
@@ -318,20 +305,22 @@ def test_a_damaged_file_of_the_target_folder_is_one_error_line_naming_it(
     assert_clean_error(run, f"{target / name}: {message}")
 
 
-def test_eos_token_ids_must_be_token_ids(folders, tmp_path, capsys):
-    target = shutil.copytree(folders[0], tmp_path / "target")
+def test_eos_token_ids_must_be_token_ids(tiny_pair, tmp_path, capsys):
+    target = shutil.copytree(tiny_pair[0], tmp_path / "target")
     (target / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
     run = ovbuild(capsys, "generate", "--target", target, "--prompt", "abc", "--max-new-tokens", "2")
     assert_clean_error(run, "generation_config.json: eos_token_id '</s>' is not a token id or a list of them")
 
 
-def test_results_written_to_json_after_the_checks(folders, tmp_path, capsys):
+@pytest.mark.slow  # the CLI end to end
+def test_results_written_to_json_after_the_checks(tiny_pair, tmp_path, capsys):
     out = tmp_path / "out.json"
-    assert generate(capsys, folders, "--json", out).code == 0
+    assert generate(capsys, tiny_pair, "--json", out).code == 0
     assert len(json.loads(out.read_text())["requests"]) == 1
 
 
-def test_static_rows_option_reaches_both_models(folders, capsys, monkeypatch):
+@pytest.mark.slow  # the CLI end to end
+def test_static_rows_option_reaches_both_models(tiny_pair, capsys, monkeypatch):
     seen = []
     init = PagedModel.__init__
 
@@ -342,14 +331,22 @@ def test_static_rows_option_reaches_both_models(folders, capsys, monkeypatch):
     monkeypatch.setattr(PagedModel, "__init__", spy)
     for choice, expected in (("off", False), ("auto", None), ("on", True)):
         seen.clear()
-        run = generate(capsys, folders, "--draft", str(folders[1]), "--static-rows", choice)
+        run = generate(capsys, tiny_pair, "--draft", str(tiny_pair[1]), "--static-rows", choice)
         assert run.code == 0 and "generated tokens" in run.err, run.err
         assert seen == [expected, expected], f"--static-rows {choice}: the target and the draft got {seen}"
 
 
-def test_static_rows_on_is_refused_off_cpu(folders, capsys, monkeypatch, no_work):
+def test_static_rows_on_is_refused_off_cpu(tiny_pair, capsys, monkeypatch, no_work):
     monkeypatch.setattr("ovbuild.runtime.devices.check_device", lambda device: None)  # as if the device existed
     assert_one_line(
-        generate(capsys, folders, "--device", "GPU", "--static-rows", "on"),
+        generate(capsys, tiny_pair, "--device", "GPU", "--static-rows", "on"),
         "--static-rows on: static copies run on CPU, not on GPU",
     )
+
+
+def test_pipeline_refuses_static_rows_off_cpu_as_the_command_does(tiny_pair, monkeypatch, no_work):
+    """One check for both (pipeline.check_options): Python's message names the option as Python spells it."""
+    monkeypatch.setattr("ovbuild.runtime.devices.check_device", lambda device: None)  # as if the device existed
+    options = RuntimeOptions(device="GPU", target=ModelOptions("f16", None, 16, static_rows=True))
+    with pytest.raises(UnsupportedError, match="static_rows=True: static copies run on CPU, not on GPU"):
+        Pipeline(*tiny_pair, options)

@@ -11,9 +11,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from ovbuild.demo import export_pair
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.serve.server import BackgroundServer, build_app
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 PROMPTS = ["def add(a, b):", "import os\n", "class Stack:"]
 MAX_TOKENS = 10
@@ -21,13 +22,8 @@ MODEL = "tiny"
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, tiny_target, tiny_draft):
-    return export_pair(tiny_target, tiny_draft, tmp_path_factory.mktemp("serve"))
-
-
-@pytest.fixture(scope="module")
-def server(pair):
-    with BackgroundServer(build_app(*pair, name=MODEL)) as s:
+def server(tiny_pair):
+    with BackgroundServer(build_app(*tiny_pair, name=MODEL)) as s:
         yield s
 
 
@@ -37,9 +33,9 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def alone(pair):
+def alone(tiny_pair):
     """The target alone, in-process: what every greedy answer must equal."""
-    pipeline = Pipeline(pair[0])
+    pipeline = Pipeline(tiny_pair[0])
     requests, _ = pipeline.generate(PROMPTS, MAX_TOKENS, use_draft=False)
     return pipeline, requests
 
@@ -243,8 +239,8 @@ def test_metrics_count_the_requests_sent(server, client):
     assert after["ovbuild_num_requests_running"] == 0 and after["ovbuild_num_requests_waiting"] == 0
 
 
-def test_a_full_server_answers_503_and_recovers(pair):
-    with BackgroundServer(build_app(pair[0], name=MODEL, max_requests=1)) as server:
+def test_a_full_server_answers_503_and_recovers(tiny_pair):
+    with BackgroundServer(build_app(tiny_pair[0], name=MODEL, max_requests=1)) as server:
         url = f"{server.url}/v1/completions"
         body = {"model": MODEL, "prompt": "x", "max_tokens": 3000, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", url, json=body, timeout=30) as answer:

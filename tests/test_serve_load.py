@@ -11,18 +11,15 @@ import time
 import httpx
 import pytest
 
-from ovbuild.demo import DEMO_PROMPTS, export_pair, shipped_pair
+from ovbuild.demo import DEMO_PROMPTS
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.serve.server import BackgroundServer, build_app
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 PROMPTS = [*DEMO_PROMPTS, "def read(path):\n", "import sys\n\n", "    for i in range(", "    return "]
 CLIENTS, MAX_TOKENS, LEAVING_EVERY = 64, 12, 4
 MODEL = "demo"
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return export_pair(*shipped_pair(), tmp_path_factory.mktemp("serve_load"))
 
 
 async def client(http: httpx.AsyncClient, i: int) -> tuple[str, str | None]:
@@ -55,9 +52,9 @@ async def crowd(url: str) -> list[tuple[str, str | None]]:
         return await asyncio.wait_for(asyncio.gather(*(client(http, i) for i in range(CLIENTS))), timeout=120)
 
 
-def test_64_streaming_clients_some_leaving(pair):
-    alone, _ = Pipeline(pair[0]).generate(PROMPTS, MAX_TOKENS, use_draft=False)
-    with BackgroundServer(build_app(*pair, name=MODEL)) as server:
+def test_64_streaming_clients_some_leaving(demo_pair):
+    alone, _ = Pipeline(demo_pair[0]).generate(PROMPTS, MAX_TOKENS, use_draft=False)
+    with BackgroundServer(build_app(*demo_pair, name=MODEL)) as server:
         results = asyncio.run(crowd(server.url))
         deadline = time.monotonic() + 10
         while (health := httpx.get(f"{server.url}/health", timeout=10).json())["outstanding"] and (

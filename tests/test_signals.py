@@ -19,6 +19,8 @@ from ovbuild.signals import deliver
 
 from export_helpers import assert_one_line, finish, ovbuild, snapshot, start_paused
 
+pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
+
 INTERRUPTED, TERMINATED = "ovbuild: interrupted", "ovbuild: terminated"
 OUTCOMES = {signal.SIGINT: (130, INTERRUPTED), signal.SIGTERM: (143, TERMINATED)}
 

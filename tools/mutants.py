@@ -35,7 +35,7 @@ PREFIX = ("tests/test_kv_cache.py", "tests/test_prefix_caching.py", "tests/test_
 NARROW = ("tests/test_narrow_weights.py",)
 
 MUTANTS = (
-    # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
+    # -- the first planted bugs: graph builders, references, RoPE, cache layout, scheduler -----------------------------
     Mutant(
         "graph-rope-yarn-cos-only",
         "ovbuild/graph/rope.py",
@@ -459,7 +459,7 @@ MUTANTS = (
         "        realism = 1.0\n",
         PLANNER,
     ),
-    # -- exact bf16 math (stop 27) -------------------------------------------------------------------------------------
+    # -- exact bf16 math -----------------------------------------------------------------------------------------------
     Mutant(
         "scheduler-verification-rows-in-one-subsequence",
         "ovbuild/runtime/scheduler.py",
@@ -481,7 +481,7 @@ MUTANTS = (
         "if on_cpu and kv_cache_precision",
         ("tests/test_runtime_validation.py",),
     ),
-    # -- static row counts (stop 28) ---------------------------------------------------------------------------------
+    # -- static row counts ---------------------------------------------------------------------------------------------
     Mutant(
         "demo-compiles-copies-while-timing",
         "ovbuild/demo.py",
@@ -531,7 +531,7 @@ MUTANTS = (
         "if self.speculation is not None:",
         ("tests/test_static_rows.py",),
     ),
-    # -- calls without taps and the catch-up (issue 14) ----------------------------------------------------------------
+    # -- calls without taps and the catch-up ---------------------------------------------------------------------------
     Mutant(
         "catch-up-skips-the-partial-block-copy",
         "ovbuild/runtime/catch_up.py",

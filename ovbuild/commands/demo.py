@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ovbuild.commands.generate import add_runtime_arguments, check_runtime_arguments, runtime_options
+from ovbuild.commands.options import add_runtime_arguments, check_runtime_arguments, runtime_options
 
 if TYPE_CHECKING:
     from ovbuild.runtime.request import Request

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ovbuild.errors import ConfigError, RequestError, UnsupportedError
-
-STATIC_ROWS = {"auto": None, "on": True, "off": False}  # --static-rows -> ModelOptions.static_rows
+from ovbuild.commands.options import (
+    add_runtime_arguments,
+    add_sampling_arguments,
+    check_runtime_arguments,
+    runtime_options,
+    sampling_options,
+)
+from ovbuild.errors import ConfigError, RequestError
 
 
 def register(subparsers) -> None:
@@ -55,147 +60,6 @@ def register(subparsers) -> None:
     p.add_argument("--json", dest="json_path", help="write prompts, tokens, text and metrics to this file")
     p.add_argument("--trace", action="store_true", help="record every speculative step in the --json output")
     p.set_defaults(run=run)
-
-
-def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    """Sampling options with OpenVINO GenAI's meanings (greedy unless --do-sample)."""
-    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="keep the smallest head of mass >= p (1 = off)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (rng_seed): same seed, same output")
-    p.add_argument(
-        "--speculative-sampling",
-        choices=["exact", "rejection"],
-        default="exact",
-        help="how sampled draft tokens are verified: exact (default: the target alone's tokens for the seed) or "
-        "rejection (Leviathan et al.: same distribution, tokens depend on the draft length)",
-    )
-
-
-def sampling_options(args: argparse.Namespace) -> dict:
-    """GenerationConfig's sampling fields from the command line (checked there: one-line errors)."""
-    return dict(
-        do_sample=args.do_sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        rng_seed=args.seed,
-        speculative_sampling=args.speculative_sampling,
-    )
-
-
-def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
-    """Device and cache options shared by the commands that run models (defaults: exact target, fast draft)."""
-    from ovbuild.runtime.drafters import DRAFTER_OPTIONS
-    from ovbuild.runtime.paged_model import INFERENCE_PRECISIONS, KV_PRECISIONS
-    from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
-
-    p.add_argument("--device", default="CPU", help="OpenVINO device (CPU, GPU, ...)")
-    p.add_argument(
-        "--kv-cache-precision",
-        default=EXACT_TARGET.kv_cache_precision,
-        choices=KV_PRECISIONS,
-        help="target KV cache precision (default f16; u8, keys quantized per token, is exact too and half the size)",
-    )
-    p.add_argument(
-        "--inference-precision",
-        default=EXACT_TARGET.inference_precision,
-        choices=INFERENCE_PRECISIONS,
-        help="target inference precision (default: bf16 on a CPU with AVX-512 bf16 units and no AMX, where it was "
-        "measured exact and faster; elsewhere f32)",
-    )
-    p.add_argument("--draft-kv-cache-precision", default=FAST_DRAFT.kv_cache_precision, choices=KV_PRECISIONS)
-    p.add_argument(
-        "--draft-inference-precision",
-        choices=INFERENCE_PRECISIONS,
-        help="draft inference precision (default: f32 on a CPU without AMX, where a draft runs faster in it; "
-        "elsewhere the device's own)",
-    )
-    p.add_argument(
-        "--cache-mb",
-        type=float,
-        default=EXACT_TARGET.cache_mb,
-        help="target cache size in MB (KV blocks; a hybrid target's linear-attention states take a share of it)",
-    )
-    p.add_argument("--draft-cache-mb", type=float, default=FAST_DRAFT.cache_mb, help="draft KV cache size in MB")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="reuse the cached blocks of a prefix earlier requests computed (default: on)",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once, at most (default: 256)")
-    p.add_argument(
-        "--static-rows",
-        choices=tuple(STATIC_ROWS),
-        default="auto",
-        help="run the calls of both models in copies compiled per row count, each holding its own weights (auto: on "
-        "CPU for models with up to 32 MB of weights, where the demo pair served 1.1x to 1.4x faster)",
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        help="longest prompt + max_new_tokens served (default: the target's max_position_embeddings; only lowers it)",
-    )
-    for option in DRAFTER_OPTIONS:  # each draft family's own options, as its drafter declares them
-        p.add_argument(
-            "--" + option.name.replace("_", "-"),
-            type=option.type,
-            default=option.default,
-            choices=option.choices,
-            help=option.help,
-        )
-
-
-def runtime_options(args: argparse.Namespace):
-    from ovbuild.runtime.drafters import DRAFTER_OPTIONS
-    from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions
-
-    static = STATIC_ROWS[args.static_rows]
-    target = ModelOptions(args.kv_cache_precision, args.inference_precision, args.cache_mb, static)
-    draft = ModelOptions(args.draft_kv_cache_precision, args.draft_inference_precision, args.draft_cache_mb, static)
-    # Only options set away from their defaults reach the drafter, so drafts of other families keep working.
-    draft_options = {o.name: getattr(args, o.name) for o in DRAFTER_OPTIONS if getattr(args, o.name) != o.default}
-    return RuntimeOptions(
-        args.device,
-        target,
-        draft,
-        args.max_num_batched_tokens,
-        draft_options,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching,
-        max_num_seqs=args.max_num_seqs,
-    )
-
-
-def check_runtime_arguments(args: argparse.Namespace, with_draft: bool) -> None:
-    """The options of add_runtime_arguments, checked before any model is read (messages name the options)."""
-    from ovbuild.runtime.devices import (
-        check_device,
-        check_kv_precision,
-        draft_inference_precision,
-        target_inference_precision,
-    )
-    from ovbuild.runtime.machine import device_kind
-    from ovbuild.runtime.validation import check_cache_mb, check_positive_int
-
-    check_device(args.device)
-    if args.static_rows == "on" and device_kind(args.device) != "CPU":
-        raise UnsupportedError(f"--static-rows on: static copies run on CPU, not on {args.device}")
-    check_cache_mb(args.cache_mb, "--cache-mb")
-    precision = target_inference_precision(args.device, args.inference_precision, args.kv_cache_precision)
-    check_kv_precision(args.device, args.kv_cache_precision, precision, "--kv-cache-precision")
-    if with_draft:
-        check_cache_mb(args.draft_cache_mb, "--draft-cache-mb")
-        precision = draft_inference_precision(
-            args.device, args.draft_inference_precision, args.draft_kv_cache_precision
-        )
-        check_kv_precision(args.device, args.draft_kv_cache_precision, precision, "--draft-kv-cache-precision")
-    if args.max_model_len is not None:
-        check_positive_int(args.max_model_len, "--max-model-len")
-    check_positive_int(args.max_num_seqs, "--max-num-seqs")
 
 
 def read_prompts(args: argparse.Namespace) -> list[str | list[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ovbuild.commands.generate import add_runtime_arguments, runtime_options
+from ovbuild.commands.options import add_runtime_arguments, runtime_options
 
 
 def register(subparsers) -> None:

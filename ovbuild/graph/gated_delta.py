@@ -4,7 +4,7 @@ Packed rows are laid out as a [S, L] grid (sequence, step; L = the longest seque
 for the causal conv and the recurrence, which runs in chunks of rows with all sequences side by side
 (graph/gated_delta_chunked.py); outputs go back to the packed rows. The states after the rows named by `state_rows`
 leave the graph for the runtime to keep. `delta_rule_loop`, one Loop iteration per step, is the baseline that
-bench/bench_hybrid.py measures the chunked form against.
+bench_hybrid.py, docs/speed.md measures the chunked form against.
 
 u ─ in_proj_qkv ─ causal conv (+ conv state) ─ silu ─ q, k (l2-normalized), v ─┐
   ─ in_proj_b ─ sigmoid = beta; in_proj_a ─ g = -exp(A_log) softplus(a + dt_bias) ─ delta rule (+ state) ─ o

@@ -26,7 +26,7 @@ from openvino._pyopenvino.op import loop as Loop
 from ovbuild.graph.ops import Output, const, first_output, i64, named
 from ovbuild.graph.step_grid import StepGrid
 
-CHUNK = 16  # rows per chunk: a little faster than 8, 32 and 64 at prefill (bench/bench_hybrid.py --chunks 16,8,32,64)
+CHUNK = 16  # rows per chunk: a little faster than 8, 32 and 64 at prefill (bench_hybrid.py, docs/speed.md)
 # the chunk tensors the rounds read, and those only the state rows read
 _ROUND = ("reads", "writes", "qk", "end_gate")
 _ROWS = ("gate", "decay", "k")

@@ -53,7 +53,8 @@ def packed_topk_lattice(
         bias = ops.gather(first_row_bias(prev_token_ids), sequence, i64(0))  # [R, V]
         unary = named(ops.select(is_first, ops.add(unary, bias), unary), "lattice/first_row_bias")
     # Not stable: equal logits may list their candidates in either order, which only changes what the draft proposes,
-    # never the output, while a stable TopK costs 10x (27 vs 2.6 ms for K=8 on [8, 151936] on CPU, bench/bench_topk.py).
+    # never the output, while a stable TopK costs 10x (27 vs 2.6 ms for K=8 on [8, 151936] on CPU, bench_topk.py,
+    # docs/speed.md).
     top = ops.topk(unary, i64(top_k), -1, "max", "value", index_element_type="i64", name="lattice/topk")
     scores, ids = top.output(0), top.output(1)  # [R, K] each
     anchors = named(ops.unsqueeze(ops.gather(prev_token_ids, sequence, i64(0)), i64(1)), "lattice/anchors")  # [R, 1]

@@ -61,7 +61,8 @@ def argmax(x: Output, path: str) -> Output:
     """Index of the largest value of each row, the first one on ties (as numpy): x [R, V] -> [R] i64.
 
     Four single-pass kernels instead of TopK(k=1): inside the demo draft's graph TopK took 0.54 of a 1.55 ms call
-    (1.00 ms without it), and a stable TopK (numpy's tie rule) costs 93 ms on [8, 151936] (bench/bench_topk.py).
+    (1.00 ms without it), and a stable TopK (numpy's tie rule) costs 93 ms on [8, 151936] (bench_topk.py,
+    docs/speed.md).
     """
     top = ops.reduce_max(x, i64([-1]), True)  # [R, 1]
     vocab = ops.gather(ops.shape_of(x, ov.Type.i64), i64(-1), i64(0))  # []

@@ -14,7 +14,7 @@ _NOTHING = object()  # no plain value is known to be in a held buffer
 class InputBinder:
     """Sets arrays as an infer request's inputs by input index. A small input whose shape is the previous call's
     is written into the buffer already bound to it: no tensor is made and nothing is set (a decode step's inputs
-    keep their shapes from call to call; bench/bench_lean_calls.py measures it).
+    keep their shapes from call to call; bench_lean_calls.py, docs/speed.md measures it).
 
     An input may also be a plain list of numbers or a number: it is written straight into the bound buffer (no array
     is made on the way), and not at all when it equals the previous call's (a decode step's block table, its

@@ -61,8 +61,8 @@ def target_inference_precision(
     math precision (taps_in_math_precision), every row of a speculative step is computed as the target alone computes
     it: with bf16 math 32 of 32 requests were identical to the target alone at K = 3, 7 and adaptive, with f16 and u8
     caches (bench/bench_kv_cache.py), and the demo target ran 1.02-1.24x faster per call than in f32 and 1.23-1.37x
-    faster served (bench/bench_target_precision.py; 1.5-1.7x at Qwen3-4B's shape with bf16 weights from 4 rows on,
-    the same with int8 weights). Where the matrix units are AMX, a row may round differently with the number of
+    faster served (bench_target_precision.py, docs/speed.md; 1.5-1.7x at Qwen3-4B's shape with bf16 weights from 4 rows
+    on, the same with int8 weights). Where the matrix units are AMX, a row may round differently with the number of
     rows in its call, which is not measured: f32 stays there, as on CPUs without bf16 units and on other devices. A
     hybrid target steps its states through a sequence's rows in one subsequence, so its rows round by their count."""
     if requested is not None:
@@ -82,10 +82,10 @@ def draft_inference_precision(device: str, requested: str | None, kv_cache_preci
 
     A draft's calls are a few rows through a few layers: on a CPU whose bf16 is AVX-512 without AMX, the plugin's
     default bf16 math spends more on reorders between f32 and bf16 than it saves. The demo draft in speculative steps
-    took 1.00-1.21x longer per step in bf16 than in f32 over five runs (bench/bench_draft_precision.py and one-offs
-    before it) and proposed the same tokens; a draft shaped like z-lab/Qwen3-4B-DFlash-b16 (int8 weights, its calls
-    bound by the 151936-row lm_head) took the same in both (1.00-1.03x). AMX's bf16 matrix units are another matter:
-    there the default stays."""
+    took 1.00-1.21x longer per step in bf16 than in f32 over five runs (bench_draft_precision.py, docs/speed.md,
+    and one-offs before it) and proposed the same tokens; a draft shaped like z-lab/Qwen3-4B-DFlash-b16 (int8
+    weights, its calls bound by the 151936-row lm_head) took the same in both (1.00-1.03x). AMX's bf16 matrix units
+    are another matter: there the default stays."""
     if requested is not None or device_kind(device) != "CPU" or kv_cache_precision == "bf16":
         return requested
     return None if "amx_bf16" in machine.cpu_flags() else "f32"

@@ -7,8 +7,8 @@ matrix beside the repacked one it computes with, 4x the stored bytes in all. A C
 (OpenVINO's own mark, which its converters set on compressed float weights) is not folded: the plugin repacks the
 stored matrix itself. With bf16 math that halved the demo target's memory (its copies and sibling: 533 MB against
 1057 MB), four layers of Qwen3-4B's width peaked at 3.7 GB against 6.7 GB, calls ran as fast (0.98x-1.03x;
-bench/bench_narrow_weights.py), and the logits are bitwise the same (tests/test_narrow_weights.py). With f32 math
-the plugin widens the marked weights in every call instead: at Qwen3-4B's width calls of 1 to 4 rows ran 1.2x-1.9x
+bench_narrow_weights.py, docs/speed.md), and the logits are bitwise the same (tests/test_narrow_weights.py). With f32
+math the plugin widens the marked weights in every call instead: at Qwen3-4B's width calls of 1 to 4 rows ran 1.2x-1.9x
 as fast, but 5 to 32 rows (verification) 0.6x-0.8x. So under f32 math they stay widened, unless four times their
 stored bytes would take more than half the machine's memory: a target that would not fit then runs, slower to verify
 (a bf16 Qwen3-4B: 7.8 GB added where widened it would take about 30 GB). Its logits then differ from the widened

@@ -2,8 +2,9 @@
 
 The CPU plugin re-plans every node of a dynamic-shape model (shape inference, memory, kernel choice) when a call's row
 count differs from the previous call's: on the demo target, a 1-row call costs 1.4x as much right after a 6-row call
-as after another 1-row call (bench/bench_row_padding.py). Speculative decoding changes row counts all the time: a draft
-call carries each request's accepted rows, which vary every step, and the draft length decides the verification rows.
+as after another 1-row call (bench_row_padding.py, docs/speed.md). Speculative decoding changes row counts all the
+time: a draft call carries each request's accepted rows, which vary every step, and the draft length decides the
+verification rows.
 So a draft call of fewer rows than a recent one runs padded up to that row count, when the padding is small: the padding
 rows form a sequence of their own (their own cache blocks, taken from the free ones and returned after the call), which
 no other sequence attends to and whose outputs nobody reads.
@@ -23,8 +24,8 @@ PAD_SEQUENCE = -2  # the sequence id padding rows run under (calibration's scrat
 LADDER = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
 WINDOW = 8  # recent calls whose largest row count a call is padded to
 # (min_pad, share) of a draft's RowPadding: its rows cost next to nothing at these sizes, while a change of row count
-# costs a third of its call (bench/bench_row_padding.py). A target's every row costs (on the demo target about a sixth
-# of a change at 1 row), and it keeps its row count while the draft length does: targets run unpadded.
+# costs a third of its call (bench_row_padding.py, docs/speed.md). A target's every row costs (on the demo target about
+# a sixth of a change at 1 row), and it keeps its row count while the draft length does: targets run unpadded.
 DRAFT_PADDING = (16, 1.0)
 
 

@@ -138,8 +138,8 @@ class PagedModel:
             self.static = StaticCopies(source, model, self.compiled, device, config, cache)
         self.executor = choose_executor(self, padding)
         # Taps cost a small model's calls a few percent (on the demo target their outputs keep the plugin from fusing
-        # each residual add with the next norm: 1.01x-1.06x per call, bench/bench_untapped.py), and a call that nobody
-        # takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
+        # each residual add with the next norm: 1.01x-1.06x per call, bench_untapped.py, docs/speed.md), and a call that
+        # nobody takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
         # logits and cache rows are bitwise this model's (tests/test_untapped.py). Its copies cost as much memory as
         # this model's (a quarter of a gigabyte on the demo target), so only a model whose copies and the sibling's
         # together take no more than the largest model with copies alone gets one; a bigger model's taps cost less.
@@ -238,7 +238,7 @@ class PagedModel:
         binder.bind(inputs | layout)
         # Outputs are views of the output tensors, valid until the next call: infer() alone copies every one of
         # them (logits: rows x vocab floats), and start_async + wait costs a thread hand-off
-        # (bench/bench_lean_calls.py)
+        # (bench_lean_calls.py, docs/speed.md)
         outputs = dict(zip(self.output_names, request.infer(share_outputs=True).to_tuple(), strict=True))
         for name in self.widened:
             outputs[name] = bf16_to_f32(outputs[name])

@@ -10,17 +10,17 @@ import numpy as np
 import openvino as ov
 from tokenizers import Tokenizer
 
-from ovbuild.errors import ConfigError, ExportError, RequestError
+from ovbuild.errors import ConfigError, ExportError, RequestError, UnsupportedError
 from ovbuild.ir import MODEL_FILE, Identity, read_ir, read_json
 from ovbuild.runtime.cache_manager import BlocksAndSlots
 from ovbuild.runtime.devices import (
-    check_device,
     check_kv_precision,
     draft_inference_precision,
     target_inference_precision,
 )
 from ovbuild.runtime.drafters import DRAFTERS, Drafter
 from ovbuild.runtime.folders import check_pair, context_length, exported_model, require_draft, require_target
+from ovbuild.runtime.machine import device_kind
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.prompts import prompt_list
@@ -242,20 +242,42 @@ def read_draft_ir(folder: str | Path) -> ov.Model:
     return read_ir(folder)
 
 
-def check_options(options: RuntimeOptions, with_draft: bool) -> None:
-    """Device, cache sizes, KV precisions and max_model_len, checked before any model is read or compiled."""
-    check_device(options.device)
+# How check_options names each option in its messages: Python's names by default; the CLI passes its own.
+OPTION_NAMES = {
+    "device": "device",
+    "static_rows": "static_rows=True",
+    "target cache_mb": "target cache_mb",
+    "draft cache_mb": "draft cache_mb",
+    "target kv_cache_precision": "target kv_cache_precision",
+    "draft kv_cache_precision": "draft kv_cache_precision",
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "state_snapshot_interval": "state_snapshot_interval",
+    "max_state_snapshots": "max_state_snapshots",
+}
+
+
+def check_options(options: RuntimeOptions, with_draft: bool, names: dict[str, str] | None = None) -> None:
+    """Device, static rows, cache sizes, KV precisions and max_model_len, checked before any model is read or
+    compiled: the one place runtime options are checked. `names` words the messages in the caller's terms (the
+    command line's options), keyed as OPTION_NAMES."""
+    from ovbuild.runtime import devices  # looked up at call time, so that a test can stand in another device
+
+    name = {**OPTION_NAMES, **(names or {})}
+    devices.check_device(options.device)
     models = [("target", options.target), ("draft", options.draft)] if with_draft else [("target", options.target)]
-    for name, model in models:
-        check_cache_mb(model.cache_mb, f"{name} cache_mb")
-        precision = draft_precision(options) if name == "draft" else target_precision(options)
-        check_kv_precision(options.device, model.kv_cache_precision, precision, f"{name} kv_cache_precision")
+    if any(m.static_rows for _, m in models) and device_kind(options.device) != "CPU":
+        raise UnsupportedError(f"{name['static_rows']}: static copies run on CPU, not on {options.device}")
+    for which, model in models:
+        check_cache_mb(model.cache_mb, name[f"{which} cache_mb"])
+        precision = draft_precision(options) if which == "draft" else target_precision(options)
+        check_kv_precision(options.device, model.kv_cache_precision, precision, name[f"{which} kv_cache_precision"])
     if options.max_model_len is not None:
-        check_positive_int(options.max_model_len, "max_model_len")
-    check_positive_int(options.max_num_seqs, "max_num_seqs")
-    check_positive_int(options.state_snapshot_interval, "state_snapshot_interval")
+        check_positive_int(options.max_model_len, name["max_model_len"])
+    check_positive_int(options.max_num_seqs, name["max_num_seqs"])
+    check_positive_int(options.state_snapshot_interval, name["state_snapshot_interval"])
     if int(options.max_state_snapshots) != options.max_state_snapshots or options.max_state_snapshots < 0:
-        raise ConfigError(f"max_state_snapshots = {options.max_state_snapshots} must be an integer >= 0")
+        raise ConfigError(f"{name['max_state_snapshots']} = {options.max_state_snapshots} must be an integer >= 0")
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:

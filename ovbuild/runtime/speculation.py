@@ -47,8 +47,9 @@ DECAY = 0.9  # per verification: a request's recent steps count more (code loops
 IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
 # A plan that makes a draft call where none is needed must promise this many times the tokens per second of not
 # drafting. Within that the call costs' noise decides, and a step that drafts costs more than its calls and host time
-# show: the next plain step's target call changes row count back (bench/bench_row_padding.py). One request at a time
-# on the demo pair, where drafting is break-even, plans that drafted on such margins ran at 0.90x of never drafting.
+# show: the next plain step's target call changes row count back (bench_row_padding.py, docs/speed.md). One request
+# at a time on the demo pair, where drafting is break-even, plans that drafted on such margins ran at 0.90x of never
+# drafting.
 DRAFT_MARGIN = 1.05
 FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
 # Steps without a plan, at most, while the last plans drafted for nobody. Such a plan's inputs barely move (no
@@ -80,7 +81,7 @@ class CallCost:
 
     The median, not a low quantile, and pooling, not capping each bucket by the larger ones: a lucky fast call in the
     8-row bucket used to flatten the whole curve, so that 8 verification rows looked as cheap as 1 and the demo pair
-    drafted full blocks where 4 tokens were measured faster (issue 14)."""
+    drafted full blocks where 4 tokens were measured faster."""
 
     def __init__(self, window: int = 16):
         """window: recent calls kept per bucket (0: keep the first one seen, for fixed costs in tests)."""

@@ -3,9 +3,9 @@
 The CPU plugin runs every node of a dynamic-shape model through its shape and memory checks on every call, even when
 the shapes repeat, and a small model's calls are mostly that: on the demo target a call took 1.1x to 1.5x as long as
 in a copy compiled for its row count, and the demo pair served 1.1x to 1.4x as fast with copies
-(bench/bench_static_rows.py). So a model small enough to copy runs each call padded up to the next of COPY_ROWS rows, in
-a copy compiled for that row count when first needed; the copies share the model's KV cache tensors, and only the row
-dimension is fixed (the PagedAttention layout and the logits rows stay dynamic).
+(bench_static_rows.py, docs/speed.md). So a model small enough to copy runs each call padded up to the next of
+COPY_ROWS rows, in a copy compiled for that row count when first needed; the copies share the model's KV cache
+tensors, and only the row dimension is fixed (the PagedAttention layout and the logits rows stay dynamic).
 
 Exactness: a row computes bitwise the same in every copy of 2 rows or more, whatever the other rows of its call, but
 the dynamic model and a 1-row copy take other kernels (in f32 the dynamic model rounds a 1-row call differently from
@@ -33,8 +33,8 @@ from ovbuild.runtime.kv_cache import SequenceRows
 COPY_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pads at most a third of its rows
 # Each copy holds its own weights (the plugin repacks them per compiled model): a copy takes about twice its IR's
 # weight bytes of memory where they stay narrow (ovbuild.runtime.narrow_weights), four times widened to f32. Copies
-# still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths), but models with more weights than
-# this run dynamic only: 11 copies of them would cost more than a gigabyte.
+# still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths, docs/speed.md), but models with more
+# weights than this run dynamic only: 11 copies of them would cost more than a gigabyte.
 MAX_WEIGHT_BYTES = 32 << 20
 
 
