@@ -64,3 +64,10 @@ def bf16_units(monkeypatch):
     same way): so that those rules are tested on every CPU. Compile nothing under it: the plugin itself still
     computes on this CPU's terms."""
     monkeypatch.setattr(machine, "cpu_capabilities", lambda: ["FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"])
+
+
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path_factory, monkeypatch):
+    """Every test keeps what ovbuild caches (the planner's calibration) in a folder of its own: nothing lands in the
+    user's cache, and no test finds another's calibration."""
+    monkeypatch.setenv("OVBUILD_CACHE_DIR", str(tmp_path_factory.mktemp("ovbuild_cache")))

@@ -128,6 +128,12 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         "CPU for models with up to 32 MB of weights, where the demo pair served 1.1x to 1.4x faster)",
     )
     p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="time the draft-length planner's calibration calls again (its results are kept per model pair and "
+        "machine in $OVBUILD_CACHE_DIR, else ~/.cache/ovbuild, and reused)",
+    )
+    p.add_argument(
         "--max-model-len",
         type=int,
         help="longest prompt + max_new_tokens served (default: the target's max_position_embeddings; only lowers it)",
@@ -152,7 +158,13 @@ def runtime_options(args: argparse.Namespace):
     # Only options set away from their defaults reach the drafter, so drafts of other families keep working.
     draft_options = {o.name: getattr(args, o.name) for o in DRAFTER_OPTIONS if getattr(args, o.name) != o.default}
     return RuntimeOptions(
-        args.device, target, draft, args.max_num_batched_tokens, draft_options, max_model_len=args.max_model_len
+        args.device,
+        target,
+        draft,
+        args.max_num_batched_tokens,
+        draft_options,
+        max_model_len=args.max_model_len,
+        recalibrate=args.recalibrate,
     )
 
 

@@ -14,6 +14,7 @@ from ovbuild.contract import MODEL_FILE, Identity
 from ovbuild.errors import ConfigError, ExportError, RequestError
 from ovbuild.families import DRAFTERS
 from ovbuild.graph.ir import read_ir
+from ovbuild.runtime.calibration import CalibrationCache
 from ovbuild.runtime.devices import (
     check_device,
     check_kv_precision,
@@ -69,6 +70,10 @@ class RuntimeOptions:
     draft_options: dict = field(default_factory=dict)
     # Longest prompt + max_new_tokens served; None = the target's max_position_embeddings (it can only lower it).
     max_model_len: int | None = None
+    # Keep the draft-length planner's calibration per pair and machine and reuse it (ovbuild.runtime.calibration);
+    # recalibrate: time the calls again and replace what was kept.
+    calibration_cache: bool = True
+    recalibrate: bool = False
 
 
 class Pipeline:
@@ -106,6 +111,10 @@ class Pipeline:
         self.speculation = (
             Speculation(self.drafter.max_candidates, self.drafter.candidate_offset) if self.drafter else None
         )
+        if self.speculation is not None and o.calibration_cache:
+            settings = f"{o.device}; {o.target}; {o.draft}; {sorted(o.draft_options.items())}; {self.describe()}"
+            cache = CalibrationCache.for_pair(target_dir, draft_dir, settings, o.recalibrate)
+            self.speculation.calibration_cache = cache
 
     def describe(self) -> str:
         """How the target (and the draft) run, as the device compiled them: device, math, KV cache precision."""
