@@ -8,7 +8,7 @@ import signal
 import sys
 
 from ovbuild import __version__
-from ovbuild.commands import COMMANDS
+from ovbuild.commands import COMMANDS, command_module
 from ovbuild.errors import OvbuildError
 from ovbuild.signals import Terminated, sigterm_raises
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ovbuild {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"ovbuild.commands.{name}").register(subparsers)
+        importlib.import_module(command_module(name)).register(subparsers)
     return parser
 
 

@@ -1,25 +1,36 @@
-"""The built-in demo: export a target + DFlash draft pair, then run code-completion prompts with the draft and with
-the target alone, one request at a time and all at once, and compare outputs, acceptance and speed (the speed-up
-taken within each round, reported as its median and spread over rounds).
+"""`ovbuild demo`: export a target + DFlash draft pair, then run code-completion prompts with the draft and with the
+target alone, one request at a time and all at once, and compare outputs, acceptance, the draft lengths the planner
+chose and the speed (the speed-up taken within each round, reported as its median and spread over rounds).
 
 The default pair is the small trained one shipped in `ovbuild/data/demo` (docs/demo_training.md); `tiny=True` uses
-the random test pair instead (it accepts almost nothing: it shows the mechanics, not the speed-up).
+the random test pair instead (it accepts almost nothing: it shows the mechanics, not the speed-up). Where the planner
+drafted in no step or in very few, speculation did not run, and the demo says so instead of printing the two sides'
+ratio (then machine noise) as a speed-up.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ovbuild.commands.options import add_runtime_arguments, check_runtime_arguments, runtime_options
 from ovbuild.errors import ExportError, UnsupportedError
-from ovbuild.export import export
 from ovbuild.runtime.metrics import RunMetrics
-from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
-from ovbuild.runtime.request import Request
+
+if TYPE_CHECKING:  # the runtime and the exporter load OpenVINO: imported when the demo runs, not for `ovbuild --help`
+    from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
+    from ovbuild.runtime.request import Request
+
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"
 
 # Starts of Python code whose 96-token greedy continuation by the shipped target has no repeated 16-token run: a
 # target this small loops on most prompts (a loop is trivial to draft and would flatter the acceptance), so these
@@ -30,6 +41,11 @@ DEMO_PROMPTS = (
     '    def close(self):\n        """Close the file."""\n',
     "class Timer:\n",
 )
+
+
+# Below this share of decode steps with a draft, the side "with the draft" ran the target alone in all but a few
+# steps: the two sides' ratio is then the machine's noise, not the draft's speed-up, and is not shown as one.
+MIN_DRAFTING_SHARE = 0.1
 
 
 @dataclass
@@ -85,6 +101,28 @@ class Comparison:
     def alone_metrics(self) -> RunMetrics:
         return self.median_round.alone_metrics
 
+    @property
+    def draft_lengths(self) -> list[int]:
+        """Decode steps (per request, over every round) that drafted 0, 1, 2, ... tokens."""
+        totals: list[int] = []
+        for r in self.rounds:
+            part = r.speculative_metrics.requests.draft_length_histogram
+            totals += [0] * (len(part) - len(totals))
+            for k, steps in enumerate(part):
+                totals[k] += steps
+        return totals
+
+    @property
+    def drafting_share(self) -> float:
+        """The share of decode steps in which the planner drafted at least one token (0 when none ran)."""
+        lengths = self.draft_lengths
+        return sum(lengths[1:]) / sum(lengths) if sum(lengths) else 0.0
+
+    @property
+    def speculation_ran(self) -> bool:
+        """Whether the draft took part in enough steps for the two sides' ratio to be its speed-up."""
+        return self.drafting_share >= MIN_DRAFTING_SHARE
+
 
 @dataclass
 class DemoRun:
@@ -113,6 +151,8 @@ def export_pair(
     target_ckpt: Path, draft_ckpt: Path, out: Path, progress: Callable[[str], None] | None = None
 ) -> tuple[Path, Path]:
     """Export the pair as the README shows: the target with the draft's taps, the draft with the target's tables."""
+    from ovbuild.export import export
+
     say = progress or _silent
     say("exporting the target")
     target = export(target_ckpt, out / "target", draft_of=draft_ckpt, quiet=True).out
@@ -154,6 +194,8 @@ def run_demo(
 ) -> DemoRun:
     """Export the pair into a temporary folder, then serve the prompts one at a time and all at once, `rounds` times
     each; `progress` hears a short line as each stage starts; num_assistant_tokens None = the adaptive length."""
+    from ovbuild.runtime.pipeline import Pipeline
+
     if rounds < 1:
         raise UnsupportedError(f"rounds = {rounds}: the demo needs at least one round")
     say = progress or _silent
@@ -190,6 +232,105 @@ def run_demo(
             pipeline, f"{len(prompts)} concurrent requests", [prompts], max_new_tokens, num_assistant_tokens, rounds
         )
     return DemoRun(prompts, single, together, pipeline.describe())
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="export the built-in pair and compare speculative decoding with the target alone",
+        description="Export the shipped small target and DFlash draft, run code-completion prompts one request at a "
+        "time and all at once, with the draft and with the target alone, and print the outputs, the acceptance "
+        "metrics and the speed-ups (all measured in this one run, each round running both sides back to back).",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument(
+        "--num-assistant-tokens", type=int, help="draft tokens verified per step (default: chosen each step)"
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds per way of serving (the speed-up is their median)")
+    p.add_argument("--prompt", action="append", help="replace the built-in prompts (repeatable)")
+    p.add_argument("--tiny", action="store_true", help="use the random test pair instead of the trained one")
+    add_runtime_arguments(p)
+    p.set_defaults(run=run)
+
+
+class Status:
+    """Short `[  3.2 s] exporting the draft...` lines on stderr, timed from the command's start."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def __call__(self, text: str, end: str = "...") -> None:
+        print(f"[{time.perf_counter() - self.start:5.1f} s] {text}{end}", file=sys.stderr, flush=True)
+
+
+def completion_block(number: int, prompt: str, request: Request, dim: bool) -> str:
+    """A prompt and its completion: on a terminal the completion follows the dimmed prompt as one text; elsewhere
+    each sits in its own labelled block."""
+    about = f"{len(request.generated)} tokens, {request.finish_reason}"
+    if dim:
+        return f"--- request {number} ({about})\n{DIM}{prompt}{PLAIN}{request.text}"
+    prompt = prompt.removesuffix("\n")  # the block's own line break ends it
+    return f"--- prompt {number}\n{prompt}\n--- completion {number} ({about})\n{request.text}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ovbuild.runtime.report import format_metrics
+
+    check_runtime_arguments(args, with_draft=True)  # before the pair is exported
+    status = Status()
+    demo = run_demo(
+        args.prompt,
+        args.max_new_tokens,
+        args.tiny,
+        runtime_options(args),
+        args.num_assistant_tokens,
+        args.rounds,
+        status,
+    )
+    status("done", end="")
+    dim = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    blocks = [
+        completion_block(i + 1, p, r, dim)
+        for i, (p, r) in enumerate(zip(demo.prompts, demo.concurrent.speculative, strict=True))
+    ]
+    print("\n\n".join(blocks))
+    for c in (demo.one_at_a_time, demo.concurrent):
+        print(f"\n=== {c.name}, with the draft (speculative decoding), median round")
+        print(format_metrics(c.speculative_metrics, with_draft=True))
+        print(f"=== {c.name}, target alone, median round")
+        print(format_metrics(c.alone_metrics, with_draft=False))
+    print(f"\nruntime: {demo.runtime}")
+    print(f"outputs identical with and without the draft: {'yes' if demo.identical else 'NO'}")
+    for c in (demo.one_at_a_time, demo.concurrent):
+        print("\n".join(summary(c)))
+    return 0 if demo.identical else 1
+
+
+def summary(c: Comparison) -> list[str]:
+    """What the draft did and what it bought, one way of serving: the draft lengths chosen, the acceptance and the
+    speed-up, or, where the planner (almost) never drafted, that speculation did not run."""
+    lengths = c.draft_lengths
+    steps = sum(lengths)
+    chosen = ", ".join(f"k={k} {n / steps:.0%}" for k, n in enumerate(lengths) if n) if steps else "none"
+    lines = [f"draft lengths chosen, {c.name}: {chosen} of {steps} decode steps"]
+    r = c.speculative_metrics.requests
+    if not c.speculation_ran:
+        lines.append(
+            f"speculation did not run, {c.name}: the planner drafted in {sum(lengths[1:])} of {steps} decode steps "
+            f"(it found drafting slower than the target alone on this machine), so both sides ran the target and "
+            f"there is no speed-up to show ({c.speculative_metrics.tokens_per_second:.1f} vs "
+            f"{c.alone_metrics.tokens_per_second:.1f} tokens/s in the median round; --num-assistant-tokens K pins k)"
+        )
+        return lines
+    ratios = c.speedups
+    lines += [
+        f"acceptance, {c.name}: mean acceptance length {r.mean_acceptance_length:.2f} tokens per verification step, "
+        f"{r.acceptance_rate:.0%} of {r.num_draft_tokens} draft tokens accepted (median round)",
+        f"speed-up, {c.name}: {c.speedup:.2f}x, median of {len(ratios)} rounds (range {min(ratios):.2f}-"
+        f"{max(ratios):.2f}x; median round {c.speculative_metrics.tokens_per_second:.1f} vs "
+        f"{c.alone_metrics.tokens_per_second:.1f} tokens/s), drafting in {c.drafting_share:.0%} of decode steps",
+    ]
+    return lines
 
 
 def _silent(_: str) -> None:

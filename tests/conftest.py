@@ -96,3 +96,10 @@ def demo_pair(tmp_path_factory):
 def demo_pipeline(demo_pair):
     """A Pipeline on the demo pair with the default runtime options, compiled once per test module."""
     return Pipeline(*demo_pair)
+
+
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path_factory, monkeypatch):
+    """Every test keeps what ovbuild caches (the planner's calibration) in a folder of its own: nothing lands in the
+    user's cache, and no test finds another's calibration."""
+    monkeypatch.setenv("OVBUILD_CACHE_DIR", str(tmp_path_factory.mktemp("ovbuild_cache")))

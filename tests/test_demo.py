@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovbuild.commands.demo import DIM, PLAIN, completion_block
-from ovbuild.demo import Comparison, Round
+from ovbuild.demo import DIM, PLAIN, Comparison, Round, completion_block, summary
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.request import GenerationConfig, Request
 
@@ -53,3 +52,32 @@ def test_completion_blocks_off_and_on_a_terminal():
     assert plain == "--- prompt 2\ndef f():\n--- completion 2 (3 tokens, length)\n    return 1\n"
     terminal = completion_block(2, "def f():\n", done, dim=True)
     assert terminal == f"--- request 2 (3 tokens, length)\n{DIM}def f():\n{PLAIN}    return 1\n"
+
+
+def drafting_round(spec_seconds: float, alone_seconds: float, lengths: list[int]) -> Round:
+    r = round_of(spec_seconds, alone_seconds)
+    r.speculative_metrics.requests.draft_length_histogram = list(lengths)
+    return r
+
+
+def test_where_the_planner_never_drafted_no_speed_up_is_shown():
+    # the side with the draft ran faster by chance (1.25x): with k = 0 on every step that is noise, not the draft's
+    c = Comparison("one request at a time", [drafting_round(0.8, 1.0, [50]), drafting_round(0.8, 1.0, [48, 2])])
+    assert c.draft_lengths == [98, 2] and c.drafting_share == pytest.approx(0.02) and not c.speculation_ran
+    lines = summary(c)
+    assert lines[0] == "draft lengths chosen, one request at a time: k=0 98%, k=1 2% of 100 decode steps"
+    assert lines[1].startswith("speculation did not run, one request at a time: the planner drafted in 2 of 100")
+    assert not any("speed-up" in line and "x" in line.split("speed-up")[1][:8] for line in lines)
+    assert not any("1.25x" in line for line in lines)
+
+
+def test_where_the_planner_drafted_the_speed_up_comes_with_its_range_and_the_drafting_share():
+    c = Comparison("4 concurrent requests", [drafting_round(0.5, 1.0, [1, 0, 0, 9]), drafting_round(0.8, 1.0, [3, 7])])
+    c.rounds[0].speculative_metrics.requests.record_verification(3, 2)
+    c.rounds[1].speculative_metrics.requests.record_verification(1, 1)
+    assert c.draft_lengths == [4, 7, 0, 9] and c.speculation_ran
+    lines = summary(c)
+    assert lines[0] == "draft lengths chosen, 4 concurrent requests: k=0 20%, k=1 35%, k=3 45% of 20 decode steps"
+    assert lines[1].startswith("acceptance, 4 concurrent requests: mean acceptance length 2.00")  # the 1.25x round
+    assert lines[2].startswith("speed-up, 4 concurrent requests: 1.62x, median of 2 rounds (range 1.25-2.00x")
+    assert lines[2].endswith("drafting in 80% of decode steps")

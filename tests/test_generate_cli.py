@@ -110,7 +110,12 @@ def test_demo_on_the_tiny_pair_is_lossless_and_shows_its_progress(capsys, monkey
     assert "outputs identical with and without the draft: yes" in out
     assert re.search(r"\nruntime: target CPU, \w+ math.*, \w+ KV cache; draft CPU, \w+ math, \w+ KV cache\n", out)
     assert "mean acceptance length" in out and "draft length chosen" in out
-    assert re.search(r"speed-up, 4 concurrent requests: [\d.]+x, median of 2 rounds \(range [\d.]+-[\d.]+x", out)
+    for way in ("one request at a time", "4 concurrent requests"):
+        assert re.search(rf"\ndraft lengths chosen, {way}: (k=\d+ \d+%(, )?)+ of \d+ decode steps\n", out)
+        # the random pair accepts nothing: a speed-up with its range where the planner drafted, else said in words
+        ran = re.search(rf"\nspeed-up, {way}: [\d.]+x, median of 2 rounds \(range [\d.]+-[\d.]+x.*drafting in", out)
+        skipped = re.search(rf"\nspeculation did not run, {way}: the planner drafted in \d+ of \d+ decode steps", out)
+        assert bool(ran) != bool(skipped), out
     for i in range(1, 5):  # stdout is not a terminal here: labelled blocks, no escape codes
         assert f"--- prompt {i}\n" in out and f"--- completion {i} (8 tokens, length)\n" in out
     assert "\x1b" not in out

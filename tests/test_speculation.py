@@ -339,3 +339,25 @@ def test_a_gap_is_charged_to_the_request_that_drafts_after_it():
     # two requests alike but for a gap: the one without drafts, the one behind waits
     both = spec.plan([free[0], free[0]], 2, 0, 0, False, [0, 6400])
     assert both[0] > 0 and both[1] == 0, both
+
+
+def test_a_steered_draft_accepts_each_position_with_the_chance_it_is_set_to(models):
+    """accept_chance a: the first wrong proposal is at position j with chance a^j (1 - a), so position j is accepted
+    in a share a^(j+1) of the steps (pinned k = 7, many short requests); output equals the target alone."""
+    target_model, draft_model = models
+    a, config = 0.7, GenerationConfig(max_new_tokens=40, num_assistant_tokens=7)
+    prompts = [list(range(s, s + 12)) for s in range(10, 250, 16)]
+    alone = Scheduler(PagedModel(target_model, **F32))
+    expected = [alone.add_request(p, config) for p in prompts]
+    alone.run()
+    drafter = SteeredDrafter(BlockDrafter(draft_model, **F32), TINY_TARGET["vocab_size"], seed=3, accept_chance=a)
+    scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=fixed_speculation(drafter))
+    requests = [scheduler.add_request(p, config) for p in prompts]
+    for r, e, p in zip(requests, expected, prompts, strict=True):
+        drafter.truths[r.id] = [*p, *e.generated]
+    scheduler.run()
+    assert [r.generated for r in requests] == [e.generated for e in expected]
+    full = [c for steps in drafter.log.steps.values() for k, c in steps if k == 7]  # correct prefix per full block
+    shares = [np.mean([c > j for c in full]) for j in range(3)]
+    assert len(full) > 100
+    assert shares == pytest.approx([a, a**2, a**3], abs=0.08), shares

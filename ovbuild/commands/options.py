@@ -91,6 +91,12 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         "CPU for models with up to 32 MB of weights, where the demo pair served 1.1x to 1.4x faster)",
     )
     p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="time the draft-length planner's calibration calls again (its results are kept per model pair and "
+        "machine in $OVBUILD_CACHE_DIR, else ~/.cache/ovbuild, and reused)",
+    )
+    p.add_argument(
         "--max-model-len",
         type=int,
         help="longest prompt + max_new_tokens served (default: the target's max_position_embeddings; only lowers it)",
@@ -124,6 +130,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
         max_num_seqs=args.max_num_seqs,
+        recalibrate=args.recalibrate,
     )
 
 

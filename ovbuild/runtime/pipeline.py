@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 from ovbuild.errors import ConfigError, ExportError, RequestError, UnsupportedError
 from ovbuild.ir import MODEL_FILE, Identity, read_ir, read_json
 from ovbuild.runtime.cache_manager import BlocksAndSlots
+from ovbuild.runtime.calibration import CalibrationCache
 from ovbuild.runtime.devices import (
     check_kv_precision,
     draft_inference_precision,
@@ -74,6 +75,10 @@ class RuntimeOptions:
     # cache blocks), at most max_state_snapshots copies: a prefix hit resumes from the last one (docs/serving.md).
     state_snapshot_interval: int = 256
     max_state_snapshots: int = 16
+    # Keep the draft-length planner's calibration per pair and machine and reuse it (ovbuild.runtime.calibration);
+    # recalibrate: time the calls again and replace what was kept.
+    calibration_cache: bool = True
+    recalibrate: bool = False
 
 
 class Pipeline:
@@ -115,6 +120,10 @@ class Pipeline:
         self.speculation = (
             Speculation(self.drafter.max_candidates, self.drafter.candidate_offset) if self.drafter else None
         )
+        if self.speculation is not None and o.calibration_cache:
+            settings = f"{o.device}; {o.target}; {o.draft}; {sorted(o.draft_options.items())}; {self.describe()}"
+            cache = CalibrationCache.for_pair(target_dir, draft_dir, settings, o.recalibrate)
+            self.speculation.calibration_cache = cache
 
     def describe(self) -> str:
         """How the target (and the draft) run, as the device compiled them: device, math, KV cache precision."""

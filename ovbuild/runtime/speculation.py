@@ -193,6 +193,8 @@ class Speculation:
     # never drafting while its plans expected a gain.
     draft_host_s: float = 0.0
     calibration_tried: bool = False  # calibration runs once, before the first plan (see Scheduler._calibrate)
+    # where a calibration's timings are kept and found (ovbuild.runtime.calibration.CalibrationCache); None: timed
+    calibration_cache: object | None = None
     # Steps between plans while the last plans drafted for nobody (doubling up to MAX_PLAN_BACKOFF). Kept here, across
     # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
     # 64-token request made 6 plans where 2 would do.

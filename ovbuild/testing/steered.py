@@ -47,12 +47,16 @@ class SteeredDrafter(Drafter):
         wrong_rate: float = 1.0,
         wrong_at: int | None = None,
         first_misses: int = 0,
+        accept_chance: float | None = None,
     ):
         self.inner, self.vocab_size = inner, vocab_size
         self.rng = np.random.default_rng(seed)
         self.wrong_rate = wrong_rate  # chance that a step holds a wrong token at all
         self.wrong_at = wrong_at  # the wrong token's position in every step, instead of a random one
         self.first_misses = first_misses  # proposals wrong at their first token before the rules above apply
+        # instead of a uniform position: each token right with this chance once those before it are, so that the
+        # first wrong one is at j with chance a^j (1 - a), the constant-per-position acceptance of a published draft
+        self.accept_chance = accept_chance
         self.calls = 0  # draft calls made
         self.truths: dict[int, list[int]] = {}  # filled by the test as it adds requests
         self.seen: dict[int, int] = {}  # context rows handed to the draft per sequence = tokens in the target cache
@@ -107,6 +111,8 @@ class SteeredDrafter(Drafter):
         known = len(proposal)  # positions past the target's last token are unknown: filled, never counted
         proposal += [0] * (k - known)
         wrong = int(self.rng.integers(0, k + 1)) if self.rng.random() < self.wrong_rate else k
+        if self.accept_chance is not None:
+            wrong = min(int(self.rng.geometric(1.0 - self.accept_chance)) - 1, k) if self.accept_chance < 1 else k
         wrong = wrong if self.wrong_at is None else min(self.wrong_at, k)
         if self.first_misses > 0:
             self.first_misses -= 1

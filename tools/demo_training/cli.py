@@ -48,6 +48,13 @@ def parse_args(argv=None):
     g.add_argument("--rope-theta", type=float, default=10000.0)
     g.add_argument("--draft-layers", type=int, default=2)
     g.add_argument("--num-taps", type=int, default=3)
+    g.add_argument("--taps", type=int, nargs="+", help="target layers the draft reads (default: see grow.target_taps)")
+    g.add_argument(
+        "--grow-from",
+        type=Path,
+        help="a trained pair's folder (with target/ and draft/): the target starts as its target grown to --layers "
+        "(its width; identity layers in between), the draft as its draft",
+    )
     g.add_argument("--block-size", type=int, default=8)
     t = p.add_argument_group("training")
     t.add_argument("--seq-len", type=int, default=256)

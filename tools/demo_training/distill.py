@@ -8,7 +8,8 @@ import torch
 from .checkpoints import load_target
 from .common import EOS, log, write_json
 from .corpus import load_tokenizer
-from demo_model import KVCache, Target, tap_ids
+from .grow import target_taps
+from demo_model import KVCache, Target
 
 
 @torch.no_grad()
@@ -37,7 +38,7 @@ def sample_prompts(ids: np.ndarray, n: int, length: int, eos: int, rng: np.rando
 def stage_distill(args) -> None:
     tok = load_tokenizer(args.out / "target")
     target = load_target(args.out)
-    taps = tap_ids(target.g.num_hidden_layers, args.num_taps)
+    taps = target_taps(args, target.g.num_hidden_layers)
     rng = np.random.default_rng(args.seed + 1)
     prompts = sample_prompts(np.load(args.work / "train_tokens.npy"), args.distill_seqs, args.prompt_len,
                              tok.token_to_id(EOS), rng)  # fmt: skip

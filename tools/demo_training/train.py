@@ -27,8 +27,11 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
 
-def train_loop(model, optimizer, steps: int, peak_lr: float, loss_fn, evaluate, label: str) -> list[dict]:
-    """Runs `steps` AdamW steps of bf16-autocast `loss_fn(step)`; logs and evaluates every tenth of the run."""
+def train_loop(
+    model, optimizer, steps: int, peak_lr: float, loss_fn, evaluate, label: str, checkpoint=None
+) -> list[dict]:
+    """Runs `steps` AdamW steps of bf16-autocast `loss_fn(step)`; logs and evaluates every tenth of the run, then
+    calls `checkpoint()` (if given) so that an interrupted run leaves its latest model on disk."""
     history, start, running = [], time.time(), []
     for step in range(steps):
         for group in optimizer.param_groups:
@@ -48,4 +51,6 @@ def train_loop(model, optimizer, steps: int, peak_lr: float, loss_fn, evaluate, 
             log(
                 f"{label} " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items())
             )
+            if checkpoint is not None:
+                checkpoint()
     return history

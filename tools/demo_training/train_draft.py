@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .checkpoints import export_draft, load_target
+from .checkpoints import export_draft, load_draft, load_target
 from .checks import check_models
 from .common import MASK, log, read_json, write_json
 from .corpus import load_tokenizer
@@ -31,6 +31,10 @@ def stage_draft(args) -> None:
     gen = torch.Generator().manual_seed(args.seed + 2)
     draft = Draft(replace(target.g, num_hidden_layers=args.draft_layers), len(taps))
     init_weights(draft, gen)
+    if args.grow_from:  # the trained draft of the smaller target reads the same features at the grown tap positions
+        old, _ = load_draft(args.grow_from)
+        draft.load_state_dict(old.state_dict())
+        log(f"draft started from {args.grow_from / 'draft'}")
     log(f"draft: {param_count(draft) / 1e6:.2f} M parameters, taps {taps}, mask id {mask_id}, {n} sequences")
 
     def batch_taps(idx):
@@ -73,6 +77,12 @@ def stage_draft(args) -> None:
         return {"heldout_loss": float(torch.stack(loss).mean()), "acc_row1": acc[0].item(), "acc_row7": acc[-1].item()}
 
     draft.train()
-    history = train_loop(draft, optimizer, args.draft_steps, args.draft_lr, loss_fn, evaluate, "draft")
-    export_draft(draft, args.out / "draft", tok, target.g.num_hidden_layers, taps, block)
+    if args.grow_from:
+        log(f"draft at step 0: {evaluate()}")
+
+    def checkpoint():
+        export_draft(draft, args.out / "draft", tok, target.g.num_hidden_layers, taps, block)
+
+    history = train_loop(draft, optimizer, args.draft_steps, args.draft_lr, loss_fn, evaluate, "draft", checkpoint)
+    checkpoint()
     write_json(args.work / "draft_history.json", {"checks": checks, "history": history})

@@ -6,9 +6,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .checkpoints import export_target, target_geometry
+from .checkpoints import export_target, load_target, target_geometry
 from .common import log, write_json
 from .corpus import load_tokenizer
+from .grow import grow_target
 from .train import make_optimizer, train_loop
 from demo_model import Target, init_weights, param_count
 
@@ -17,10 +18,16 @@ def stage_target(args) -> None:
     tok = load_tokenizer(args.out / "target")
     train_ids = torch.from_numpy(np.load(args.work / "train_tokens.npy").astype(np.int64))
     heldout_ids = torch.from_numpy(np.load(args.work / "heldout_tokens.npy").astype(np.int64))
-    g = target_geometry(args, tok.get_vocab_size())
     gen = torch.Generator().manual_seed(args.seed)
-    model = Target(g)
-    init_weights(model, gen)
+    if args.grow_from:  # depth up-scaling of a trained target (grow.py); its geometry but args.layers deep
+        small = load_target(args.grow_from)
+        model = grow_target(small, args.layers, gen).train().requires_grad_(True)
+        g = model.g
+        log(f"target grown from {args.grow_from} ({small.g.num_hidden_layers} layers) to {g.num_hidden_layers}")
+    else:
+        g = target_geometry(args, tok.get_vocab_size())
+        model = Target(g)
+        init_weights(model, gen)
     log(f"target: {param_count(model) / 1e6:.2f} M parameters, {g}")
     optimizer = make_optimizer(model, args.target_lr, 0.1)
     seq = args.seq_len
@@ -44,6 +51,12 @@ def stage_target(args) -> None:
         model.train()
         return {"heldout_loss": F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()).item()}
 
-    history = train_loop(model, optimizer, args.target_steps, args.target_lr, loss_fn, evaluate, "target")
-    export_target(model, args.out / "target", tok)
+    if args.grow_from:
+        log(f"target at step 0: {evaluate()}")
+
+    def checkpoint():
+        export_target(model, args.out / "target", tok)
+
+    history = train_loop(model, optimizer, args.target_steps, args.target_lr, loss_fn, evaluate, "target", checkpoint)
+    checkpoint()
     write_json(args.work / "target_history.json", history)

@@ -1,0 +1,275 @@
+"""End to end at Qwen3-4B scale: the real runtime serving a random target shaped like Qwen3-4B (int8 weights) with a
+draft shaped like z-lab/Qwen3-4B-DFlash-b16, target alone against adaptive speculation, one request and 4 at once.
+
+ACCEPTANCE IS SET, NOT EARNED. Random weights accept nothing, so the drafter is ovbuild.testing.steered.SteeredDrafter:
+the real draft runs every call (its cache, context commits and head as in production), then its proposals are
+replaced by the target alone's own tokens, each right with chance a once those before it are, a set so that a full
+block of 16 gives a published mean acceptance length tau (z-lab/Qwen3-4B-DFlash-b16, block 16, greedy, a third-party
+SGLang harness: 3.4 MT-Bench, 5.6 MBPP, 6.7 HumanEval, 8.2 MATH-500). What is measured is what the runtime delivers
+at that acceptance: call costs, planning, host work, rollback, and the draft lengths the planner chooses.
+
+Printed per concurrency and tau: tokens/s of both sides, the speed-up (target alone's seconds over speculation's,
+taken within each interleaved round: median and range), the draft lengths chosen, the acceptance measured, and next to
+it the speed-up bench/bench_cost_model.py implies from timed calls for the same tau ("after": the adaptive plan).
+Then the target alone against GenAI's LLMPipeline on the same weights exported --format genai, one request (both
+compute in --inference-precision, f32 by default, where their tokens must agree).
+
+The first run writes the random checkpoints (about 9 GB bf16) and exports them (about 4.5 GB int8 each way) into
+--workdir, which later runs reuse. A full run after that, on 2 cores: about 15 minutes at the defaults (prompts and
+tokens are cut to fit, never the model's shape).
+
+    python bench/bench_real_scale.py [--workdir DIR] [--rounds 3] [--new-tokens 24] [--requests 1,4]
+        [--taus 3.4,5.6,6.7,8.2] [--no-genai] [--no-cost-model]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from itertools import zip_longest
+from pathlib import Path
+
+import bench_cost_model  # the benchmark helpers beside this file (its folder is on sys.path when run)
+import numpy as np
+
+from ovbuild.export import export
+from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
+from ovbuild.runtime.request import GenerationConfig
+from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation import Speculation
+from ovbuild.testing.steered import SteeredDrafter
+from ovbuild.testing.tokenizer import write_tokenizer
+
+from harness import add_arguments, interleave, require_equal, start
+from shapes import QWEN3_4B, QWEN3_4B_DFLASH_B16, write_draft, write_target
+
+PUBLISHED_TAUS = (3.4, 5.6, 6.7, 8.2)  # z-lab/Qwen3-4B-DFlash-b16: MT-Bench, MBPP, HumanEval, MATH-500
+
+
+# --smoke: the same script on a narrow, shallow pair of the same vocabulary and heads (checks the script; its figures
+# say nothing about Qwen3-4B)
+SMOKE_TARGET = {**QWEN3_4B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 8}
+SMOKE_TARGET["layer_types"] = ["full_attention"] * 8
+SMOKE_DRAFT = {**QWEN3_4B_DFLASH_B16, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+               "layer_types": ["full_attention"] * 2, "num_target_layers": 8,
+               "dflash_config": {**QWEN3_4B_DFLASH_B16["dflash_config"], "target_layer_ids": [1, 3, 5]}}  # fmt: skip
+
+
+def prepare(root: Path, weight_format: str, genai: bool, smoke: bool = False) -> dict[str, Path]:
+    """Random checkpoints and their exports under `root`, made once (each step skipped when its folder exists)."""
+    ckpt_target, ckpt_draft = root / "ckpt" / "target", root / "ckpt" / "draft"
+    if not (ckpt_target / "config.json").exists():
+        start_s = time.perf_counter()
+        write_target(ckpt_target, SMOKE_TARGET if smoke else QWEN3_4B)
+        write_tokenizer(ckpt_target)  # byte-level ids: prompts are token ids here, the text never matters
+        (ckpt_target / "generation_config.json").write_text(json.dumps({"eos_token_id": QWEN3_4B["eos_token_id"]}))
+        if smoke:
+            write_draft(ckpt_draft, SMOKE_DRAFT, SMOKE_TARGET["hidden_size"])
+        else:
+            write_draft(ckpt_draft)
+        print(f"random checkpoints written in {time.perf_counter() - start_s:.0f} s", flush=True)
+    out = {"target": root / weight_format / "target", "draft": root / weight_format / "draft"}
+    jobs = [
+        (
+            "target",
+            lambda: export(ckpt_target, out["target"], draft_of=ckpt_draft, weight_format=weight_format, quiet=True),
+        ),
+        (
+            "draft",
+            lambda: export(ckpt_draft, out["draft"], target_model=ckpt_target, weight_format=weight_format, quiet=True),
+        ),
+    ]
+    if genai:
+        out["genai"] = root / f"genai-{weight_format}" / "target"
+        jobs.append(
+            (
+                "genai",
+                lambda: export(ckpt_target, out["genai"], weight_format=weight_format, format="genai", quiet=True),
+            )
+        )
+    for name, job in jobs:
+        if not (out[name] / "config.json").exists():
+            start_s = time.perf_counter()
+            job()
+            print(f"exported {name} ({weight_format}) in {time.perf_counter() - start_s:.0f} s", flush=True)
+    return out
+
+
+class Serving:
+    """The pipeline's compiled target and draft; one steered drafter and planner per tau (a planner learns a run's
+    acceptance, so each tau keeps its own; the call-cost models are shared: the calls are the same)."""
+
+    def __init__(self, pipeline: Pipeline, taus: list[float], new_tokens: int):
+        self.pipeline, self.new_tokens = pipeline, new_tokens
+        inner = pipeline.drafter
+        self.chance = {tau: bench_cost_model.constant_acceptance(tau) for tau in taus}
+        self.drafters = {
+            tau: SteeredDrafter(inner, pipeline.target.vocab_size, seed=i, accept_chance=a)
+            for i, (tau, a) in enumerate(self.chance.items())
+        }
+        base = pipeline.speculation
+        self.plans = {}
+        for tau in taus:
+            spec = Speculation(inner.max_candidates, inner.candidate_offset)
+            spec.target_cost, spec.draft_cost = base.target_cost, base.draft_cost
+            spec.calibration_cache, spec.calibration_tried = base.calibration_cache, base.calibration_tried
+            self.plans[tau] = spec
+        self.truths: dict[tuple[int, ...], list[int]] = {}
+        self.draft_lengths = {tau: [] for tau in taus}  # decode steps that drafted 0, 1, ... tokens (summed)
+        self.acceptance = {tau: [] for tau in taus}  # mean acceptance length per run
+
+    def alone(self, prompts: list[list[int]]) -> list[list[int]]:
+        scheduler = Scheduler(self.pipeline.target, max_model_len=self.pipeline.max_model_len)
+        requests = [scheduler.add_request(p, GenerationConfig(self.new_tokens)) for p in prompts]
+        scheduler.run()
+        out = [r.generated for r in requests]
+        for p, tokens in zip(prompts, out, strict=True):
+            self.truths[tuple(p)] = [*p, *tokens]
+        return out
+
+    def speculative(self, prompts: list[list[int]], tau: float) -> list[list[int]]:
+        drafter, spec = self.drafters[tau], self.plans[tau]
+        scheduler = Scheduler(
+            self.pipeline.target, drafter, max_model_len=self.pipeline.max_model_len, speculation=spec
+        )
+        requests = [scheduler.add_request(p, GenerationConfig(self.new_tokens)) for p in prompts]
+        for r, p in zip(requests, prompts, strict=True):
+            drafter.truths[r.id] = self.truths[tuple(p)]
+        scheduler.run()
+        m = scheduler.metrics.requests
+        self.draft_lengths[tau] = [x + y for x, y in zip_longest(self.draft_lengths[tau], m.draft_length_histogram,
+                                                                 fillvalue=0)]  # fmt: skip
+        self.acceptance[tau].append(m.mean_acceptance_length)
+        for r in requests:
+            drafter.truths.pop(r.id, None)
+        return [r.generated for r in requests]
+
+
+def lengths_line(histogram: list[int]) -> str:
+    steps = sum(histogram)
+    return ", ".join(f"k={k} {n / steps:.0%}" for k, n in enumerate(histogram) if n) if steps else "none"
+
+
+def implied(pipeline: Pipeline, n: int, taus: list[float], context: int, repeats: int) -> dict[float, dict]:
+    """bench_cost_model's figures for the same calls at these taus: its `after` (the adaptive plan) per tau."""
+    bench_cost_model.TAUS = tuple(taus)
+    args = argparse.Namespace(context=context, tau_context=4, repeats=repeats, shape="qwen3-4b")
+    rows = bench_cost_model.measure(pipeline.target, pipeline.drafter, n, args, np.random.default_rng(0))
+    for s in range(n):  # the timed calls ran under sequence ids 0..n-1
+        pipeline.target.free(s)
+        pipeline.drafter.model.free(s)
+    return {row["tau"]: row for row in rows}
+
+
+def run_concurrency(serving: Serving, n: int, args, rng) -> None:
+    prompts = [rng.integers(1000, 100000, args.prompt_tokens).tolist() for _ in range(n)]
+    serving.alone(prompts)  # the truths the steered drafter proposes from
+    cases = {"alone": lambda: serving.alone(prompts)}
+    cases |= {f"tau {tau}": (lambda tau=tau: serving.speculative(prompts, tau)) for tau in args.taus}
+    rounds = interleave(cases, args.rounds, seed=args.seed)
+    require_equal(rounds.outputs, "alone")
+    tokens = n * args.new_tokens
+    figures = implied(serving.pipeline, n, args.taus, args.prompt_tokens, args.rounds) if args.cost_model else {}
+    print(f"\n{n} request{'s' if n > 1 else ''} at once, {args.new_tokens} new tokens each, {args.rounds} rounds:")
+    print(f"  target alone: {tokens / rounds.median('alone'):.2f} tokens/s (median round)")
+    for tau in args.taus:
+        name = f"tau {tau}"
+        ratio = rounds.ratio("alone", name)
+        line = (
+            f"  tau {tau:>4} (a = {serving.chance[tau]:.3f} per position): {tokens / rounds.median(name):.2f} "
+            f"tokens/s, speed-up {ratio}; measured acceptance length "
+            f"{statistics.median(serving.acceptance[tau]):.2f}; draft lengths chosen "
+            f"{lengths_line(serving.draft_lengths[tau])}"
+        )
+        if tau in figures:
+            implied_x = figures[tau]["after"]
+            line += (
+                f"; implied by bench_cost_model {implied_x:.2f}x (delivered / implied {ratio.median / implied_x:.2f})"
+            )
+        print(line, flush=True)
+
+
+def against_genai(pipeline: Pipeline, genai_dir: Path, args, rng) -> None:
+    """The target alone (ovbuild) and GenAI's LLMPipeline on the same weights, one request, interleaved rounds."""
+    import openvino as ov
+    import openvino_genai as genai
+
+    props = {"INFERENCE_PRECISION_HINT": args.inference_precision, "KV_CACHE_PRECISION": "f16"}
+    llm = genai.LLMPipeline(str(genai_dir), "CPU", **props)
+    config = genai.GenerationConfig()
+    config.max_new_tokens, config.ignore_eos = args.new_tokens, True
+    prompt = rng.integers(1000, 100000, args.prompt_tokens).tolist()
+
+    def ovbuild_alone() -> list[int]:
+        scheduler = Scheduler(pipeline.target, max_model_len=pipeline.max_model_len)
+        request = scheduler.add_request(prompt, GenerationConfig(args.new_tokens))
+        scheduler.run()
+        return request.generated
+
+    def genai_llm() -> list[int]:
+        return list(llm.generate(ov.Tensor(np.array([prompt], np.int64)), config).tokens[0])
+
+    rounds = interleave({"ovbuild alone": ovbuild_alone, "GenAI LLMPipeline": genai_llm}, args.rounds, args.seed)
+    same = rounds.outputs["ovbuild alone"] == rounds.outputs["GenAI LLMPipeline"]
+    ratio = rounds.ratio("GenAI LLMPipeline", "ovbuild alone")
+    print(f"\ntarget alone against GenAI LLMPipeline, one request, {args.new_tokens} new tokens, {args.rounds} rounds:")
+    for name in rounds.seconds:
+        print(f"  {name}: {args.new_tokens / rounds.median(name):.2f} tokens/s (median round)")
+    print(f"  ovbuild / GenAI speed {ratio}; same tokens: {'yes' if same else 'NO'}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, rounds=3)
+    parser.add_argument("--workdir", default="/tmp/ovbuild_real_scale", help="checkpoints and exports, kept")
+    parser.add_argument("--weight-format", default="int8")
+    parser.add_argument("--inference-precision", default="f32", help="target math on both sides (f32 = exact)")
+    parser.add_argument("--requests", default="1,4")
+    parser.add_argument("--taus", default=",".join(map(str, PUBLISHED_TAUS)))
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--no-genai", dest="genai", action="store_false")
+    parser.add_argument("--no-cost-model", dest="cost_model", action="store_false")
+    parser.add_argument("--prepare", action="store_true", help="only write and export the models into --workdir")
+    parser.add_argument("--smoke", action="store_true", help="a small pair of the same vocabulary (checks the script)")
+    args = parser.parse_args()
+    args.taus = [float(t) for t in args.taus.split(",")]
+    start("bench_real_scale: Qwen3-4B-shaped target + z-lab/Qwen3-4B-DFlash-b16-shaped draft, random weights; "
+          "ACCEPTANCE IS SET (SteeredDrafter), NOT EARNED")  # fmt: skip
+    print(
+        f"target {QWEN3_4B['num_hidden_layers']} layers x {QWEN3_4B['hidden_size']}, draft "
+        f"{QWEN3_4B_DFLASH_B16['num_hidden_layers']} layers, block {bench_cost_model.BLOCK}; {args.weight_format} "
+        f"weights; target {args.inference_precision} math + f16 KV cache, draft default math + u8 cache",
+        flush=True,
+    )
+    folders = prepare(Path(args.workdir), args.weight_format, args.genai, args.smoke)
+    if args.prepare:
+        return
+    start_s = time.perf_counter()
+    options = RuntimeOptions(
+        target=ModelOptions("f16", args.inference_precision, 2048), draft=ModelOptions(*vars_of(FAST_DRAFT, 1024))
+    )
+    pipeline = Pipeline(folders["target"], folders["draft"], options)
+    print(f"compiled in {time.perf_counter() - start_s:.0f} s: {pipeline.describe()}", flush=True)
+    assert isinstance(pipeline.target, PagedModel) and EXACT_TARGET.kv_cache_precision == "f16"
+    warm = pipeline.generate([list(range(1000, 1000 + args.prompt_tokens))], 4)  # calibrates the planner's costs
+    print(f"warm-up done (calibration {warm[1].calibration_s * 1e3:.0f} ms)", flush=True)
+    serving = Serving(pipeline, args.taus, args.new_tokens)
+    rng = np.random.default_rng(args.seed)
+    for n in (int(x) for x in args.requests.split(",")):
+        run_concurrency(serving, n, args, rng)
+    if args.genai:
+        del serving
+        against_genai(pipeline, folders["genai"], args, rng)
+
+
+def vars_of(options: ModelOptions, cache_mb: float) -> tuple:
+    """A model's options with another cache size."""
+    return options.kv_cache_precision, options.inference_precision, cache_mb, options.static_rows
+
+
+if __name__ == "__main__":
+    main()
