@@ -17,12 +17,19 @@ from ovbuild.weights.rope import parse_rope
 from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
-HYBRID_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
-# Same blocks with a mixture-of-experts MLP (or fused projections): recognized so they fail with a clear message.
+# Architecture -> the language model's `model_type` when its config does not say. MiniCPM-V 4.7 nests a Qwen3.5
+# text stack (dense or MoE, by `text_config.model_type`) under the same `model.language_model.` prefix.
+HYBRID_ARCHITECTURES = {
+    "Qwen3_5ForConditionalGeneration": "qwen3_5_text",
+    "Qwen3_5ForCausalLM": "qwen3_5_text",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe_text",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
+    "MiniCPMV4_7ForConditionalGeneration": "qwen3_5_text",
+}
+HYBRID_TEXT_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
+# Same blocks with fused projections: recognized so they fail with a clear message.
 UNSUPPORTED_HYBRIDS = {
-    "Qwen3_5MoeForConditionalGeneration": "a mixture-of-experts MLP (qwen3_5_moe)",
-    "Qwen3_5MoeForCausalLM": "a mixture-of-experts MLP (qwen3_5_moe)",
-    "Qwen3NextForCausalLM": "a mixture-of-experts MLP and fused in_proj_qkvz / in_proj_ba (qwen3_next)",
+    "Qwen3NextForCausalLM": "fused in_proj_qkvz / in_proj_ba projections (qwen3_next)",
 }
 HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
 # Where the language model's tensors sit, tried in this order; the first holding embed_tokens is the checkpoint's.
@@ -84,11 +91,12 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
     if arch not in HYBRID_ARCHITECTURES:
         raise UnsupportedError(f"{root.where('architectures')}: {arch!r} is not a Qwen3.5-family architecture")
     text = root.section("text_config") or root
-    model_type = text.str("model_type", "qwen3_5_text")
-    if "moe" in model_type:
-        raise UnsupportedError(
-            f"{text.where('model_type')}: '{model_type}' has a mixture-of-experts MLP, not supported"
-        )
+    model_type = _text_model_type(root, text, arch)
+    moe = None
+    if model_type == "qwen3_5_moe_text":
+        from ovbuild.weights.moe import parse_moe  # moe.py builds on this module
+
+        moe = parse_moe(text)
     hidden = text.int("hidden_size", minimum=1)
     heads = text.int("num_attention_heads", minimum=1)
     kv_heads = text.int("num_key_value_heads", heads, minimum=1)
@@ -111,9 +119,10 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
         raise ConfigError(f"{text.where('partial_rotary_factor')} = {partial} gives {rotary_dim} rotary dims")
     tie_source = root if root.has("tie_word_embeddings") else text
-    return HybridTargetConfig(
+    fields = dict(
         hidden_size=hidden,
-        intermediate_size=text.int("intermediate_size", minimum=1),
+        # an MoE stack has no dense MLP: its shared expert's width stands in (graph/moe.py sizes it so)
+        intermediate_size=moe.shared_intermediate_size if moe else text.int("intermediate_size", minimum=1),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -134,6 +143,28 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
         linear_conv_kernel_dim=text.int("linear_conv_kernel_dim", 4, minimum=2),
         rotary_dim=rotary_dim,
     )
+    if moe is None:
+        return HybridTargetConfig(**fields)
+    from ovbuild.weights.moe import MoeHybridTargetConfig
+
+    return MoeHybridTargetConfig(**fields, moe=moe)
+
+
+def _text_model_type(root: ConfigReader, text: ConfigReader, arch: str) -> str:
+    """The language model's type: MiniCPM-V 4.7 names it in `text_config.model_type` (transformers resolves the
+    section by it); the Qwen3.5 classes fix it by architecture, so a section saying otherwise is a wrong config."""
+    expected = HYBRID_ARCHITECTURES[arch]
+    if text is root:  # a flat config's model_type names the whole model
+        return expected
+    model_type = text.str("model_type", expected)
+    if model_type not in HYBRID_TEXT_TYPES:
+        raise UnsupportedError(
+            f"{text.where('model_type')} = '{model_type}' is not a Qwen3.5-family language model "
+            f"({', '.join(HYBRID_TEXT_TYPES)})"
+        )
+    if arch.startswith("Qwen3_5") and model_type != expected:
+        raise ConfigError(f"{text.where('model_type')} = '{model_type}' does not fit {arch} (expected '{expected}')")
+    return model_type
 
 
 def _layer_types(text: ConfigReader, layers: int) -> tuple[str, ...]:
@@ -202,7 +233,12 @@ def text_prefix(checkpoint: Checkpoint) -> str:
 def load_hybrid_target(checkpoint: Checkpoint) -> tuple[HybridTargetConfig, WeightSource]:
     """Normalized config and tensor source of a Qwen3.5-family checkpoint."""
     config = parse_hybrid_config(checkpoint.config, str(checkpoint.config_path))
-    table = hybrid_tensor_table(text_prefix(checkpoint))
+    prefix = text_prefix(checkpoint)
+    table = hybrid_tensor_table(prefix)
+    if getattr(config, "moe", None) is not None:
+        from ovbuild.weights.moe import moe_tensor_table
+
+        table |= moe_tensor_table(prefix, config.moe.num_experts)
     if config.tie_word_embeddings:
         table["lm_head"] = table["embed_tokens"]
     return config, WeightSource(checkpoint, table)

@@ -33,15 +33,18 @@ class TargetConfig(Backbone):
 
 
 QWEN3_ARCHITECTURES = ("Qwen3ForCausalLM",)
-# Every architecture `export` treats as a target: dense Qwen3, and the hybrid Qwen3.5 family (weights/hybrid.py),
-# whose mixture-of-experts relatives are listed so that they fail with a clear message.
-SUPPORTED_TARGET_ARCHITECTURES = (*QWEN3_ARCHITECTURES, "Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
-TARGET_ARCHITECTURES = (
-    *SUPPORTED_TARGET_ARCHITECTURES,
+# Every architecture `export` treats as a target: dense Qwen3, and the hybrid Qwen3.5 family (weights/hybrid.py:
+# dense, mixture-of-experts, MiniCPM-V 4.7's language model), whose Qwen3-Next relative is listed so that it fails
+# with a clear message.
+SUPPORTED_TARGET_ARCHITECTURES = (
+    *QWEN3_ARCHITECTURES,
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
-    "Qwen3NextForCausalLM",
+    "MiniCPMV4_7ForConditionalGeneration",
 )
+TARGET_ARCHITECTURES = (*SUPPORTED_TARGET_ARCHITECTURES, "Qwen3NextForCausalLM")
 
 
 def parse_target_config(config: dict, path: str) -> TargetConfig:
