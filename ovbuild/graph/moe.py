@@ -121,9 +121,8 @@ def gathered_experts(
     k, inter, h = spec.top_k, spec.expert_intermediate_size, ctx.cfg.hidden_size
     base = f"layers.{i}/mlp/experts"
     flat = ops.reshape(indices, i64([-1]), False)  # [T * k]
-    rows = ops.reshape(
-        ops.broadcast(ops.unsqueeze(x, i64([1])), i64([1, k, 1]), broadcast_spec="BIDIRECTIONAL"), i64([-1, 1, h]), False
-    )
+    repeated = ops.broadcast(ops.unsqueeze(x, i64([1])), i64([1, k, 1]), broadcast_spec="BIDIRECTIONAL")  # [T, k, H]
+    rows = ops.reshape(repeated, i64([-1, 1, h]), False)  # [T * k, 1, H]
     w1 = gathered_matrix(ctx, experts.gate_up, flat, f"{base}/gate_up_proj")  # [T * k, 2I, H]
     y = ops.reshape(ops.matmul(rows, w1, False, True), i64([-1, 2, inter]), False)  # [T * k, 2, I]
     gate, up = (ops.squeeze(part, i64([1])) for part in ops.split(y, i64(1), 2).outputs())  # [T * k, I] each
