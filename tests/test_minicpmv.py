@@ -123,6 +123,14 @@ def test_export_inspect_generate(exported, tmp_path, capsys, name):
     assert runs[1]["totals"]["num_draft_tokens"] > 0
 
 
+def test_the_genai_form_is_refused_in_one_line(tmp_path, capsys):
+    from export_helpers import assert_clean_error, ovbuild
+
+    target, _ = write_pair(tmp_path, "minicpmv_a3b")
+    run = ovbuild(capsys, "export", "-m", target, tmp_path / "g", "--format", "genai", "--quiet")
+    assert_clean_error(run, "MiniCPMV4_7ForConditionalGeneration (qwen3_5) has linear-attention layers")
+
+
 @pytest.mark.parametrize("name", ["qwen_moe", "minicpmv_1b"])
 def test_speculative_decoding_is_lossless(tmp_path, name):
     """Four requests arriving over the first steps; the DSpark draft as it is and steered to accept (every
