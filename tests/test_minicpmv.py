@@ -12,7 +12,7 @@ import pytest
 from test_speculative import assert_accepted, prompts, run
 
 from ovbuild.cli import main
-from ovbuild.errors import UnsupportedError
+from ovbuild.errors import OvbuildError, UnsupportedError
 from ovbuild.families import load_draft
 from ovbuild.graph.dspark import build_dspark_draft, build_markov_head
 from ovbuild.graph.hybrid_target import build_hybrid_target
@@ -63,7 +63,10 @@ def test_text_config_resolves_by_its_model_type():
 
 def test_nested_and_flat_dspark_keys_read_alike(tmp_path):
     flat, _ = load_draft(Checkpoint.open(write_tiny_hybrid_dspark(tmp_path / "f", "vanilla")))
-    nested, _ = load_draft(Checkpoint.open(write_tiny_hybrid_dspark(tmp_path / "n", "vanilla", nested=True)))
+    try:
+        nested, _ = load_draft(Checkpoint.open(write_tiny_hybrid_dspark(tmp_path / "n", "vanilla", nested=True)))
+    except OvbuildError as e:
+        pytest.fail(f"the keys nested in dflash_config were not read: {e}")
     config = json.loads((tmp_path / "n" / "config.json").read_text())
     assert "markov_rank" not in config and config["dflash_config"]["markov_rank"] == 16
     assert flat == nested

@@ -32,6 +32,7 @@ SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
 UNTAPPED = ("tests/test_untapped.py",)
 NARROW = ("tests/test_narrow_weights.py",)
+MOE = ("tests/test_moe.py",)
 
 MUTANTS = (
     # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
@@ -601,5 +602,41 @@ MUTANTS = (
         "    copy = model.clone()\n",
         "    copy = model\n",
         NARROW,
+    ),
+    # -- mixture-of-experts MLP and the MiniCPM-V / DSpark layouts -----------------------------------------------------
+    Mutant(
+        "moe-routing-weights-not-renormalised",
+        "ovbuild/graph/moe.py",
+        "named(ops.divide(values, total), ",
+        "named(values, ",
+        MOE,
+    ),
+    Mutant(
+        "moe-dense-gate-and-up-halves-swapped",
+        "ovbuild/graph/moe.py",
+        "    gate, up = (ops.squeeze(part, i64([2]))",
+        "    up, gate = (ops.squeeze(part, i64([2]))",
+        MOE,
+    ),
+    Mutant(
+        "moe-shared-expert-ungated",
+        "ovbuild/graph/moe.py",
+        "ops.multiply(shared, shared_gate)",
+        "ops.multiply(shared, ops.constant(np.float32(1)))",
+        MOE,
+    ),
+    Mutant(
+        "moe-per-expert-layout-up-before-gate",
+        "ovbuild/weights/moe.py",
+        'np.concatenate([m["gate"].array, m["up"].array])',
+        'np.concatenate([m["up"].array, m["gate"].array])',
+        MOE,
+    ),
+    Mutant(
+        "dspark-nested-keys-ignored",
+        "ovbuild/weights/families/dspark.py",
+        "        return merged_key(r, nested, name)\n",
+        "        return r\n",
+        ("tests/test_minicpmv.py",),
     ),
 )
