@@ -628,8 +628,8 @@ MUTANTS = (
     Mutant(
         "moe-per-expert-layout-up-before-gate",
         "ovbuild/weights/moe.py",
-        'np.concatenate([m["gate"].array, m["up"].array])',
-        'np.concatenate([m["up"].array, m["gate"].array])',
+        'names = ("gate", "up") if part == "gate_up"',
+        'names = ("up", "gate") if part == "gate_up"',
         MOE,
     ),
     Mutant(

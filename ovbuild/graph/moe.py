@@ -25,9 +25,11 @@ import openvino.opset16 as ops
 
 from ovbuild.graph.context import BuildContext, path
 from ovbuild.graph.ops import Output, i64, named
-from ovbuild.graph.quantize.decompression import STORAGE_TYPES, compressed_constant
-from ovbuild.graph.quantize.rtn import Scheme, quantize_into
-from ovbuild.graph.weights import stored_constant
+from ovbuild.graph.quantize.decompression import STORAGE_TYPES, compressed_constant, decompressed
+from ovbuild.graph.quantize.nibbles import pack_nibbles
+from ovbuild.graph.quantize.rtn import Scheme, quantize_groups, quantize_into
+from ovbuild.graph.weights import OV_TYPES, stored_constant
+from ovbuild.weights.dtypes import f32_to_bf16, to_f32
 from ovbuild.weights.moe import MoeSpec, read_experts
 from ovbuild.weights.tensor import WeightTensor
 
@@ -39,9 +41,8 @@ def moe_mlp(ctx: BuildContext, i: int, x: Output, spec: MoeSpec, design: str = D
     """Layer i's MoE MLP on x [T, H] -> [T, H]."""
     p, h = f"layers.{i}.mlp", ctx.cfg.hidden_size
     weights, indices = route(ctx, i, x, spec)
-    experts = read_experts(ctx.weights, i, spec, h)
     run = dense_experts if design == "dense" else gathered_experts
-    routed = named(run(ctx, i, x, experts, spec, weights, indices), f"layers.{i}/mlp/experts")
+    routed = named(run(ctx, i, x, spec, weights, indices), f"layers.{i}/mlp/experts")
     s = spec.shared_intermediate_size
     names = [(f"{p}.shared_expert.gate_proj", s), (f"{p}.shared_expert.up_proj", s)]
     gate, up = ctx.linears(x, names, h, f"layers.{i}/mlp/shared_expert/gate_up_proj")  # [T, S] each
@@ -70,15 +71,13 @@ def route(ctx: BuildContext, i: int, x: Output, spec: MoeSpec) -> tuple[Output, 
     return named(ops.divide(values, total), f"layers.{i}/mlp/router/weights"), indices
 
 
-def dense_experts(
-    ctx: BuildContext, i: int, x: Output, experts, spec: MoeSpec, weights: Output, indices: Output
-) -> Output:
+def dense_experts(ctx: BuildContext, i: int, x: Output, spec: MoeSpec, weights: Output, indices: Output) -> Output:
     """Every expert on every row, weighted by the routing weights scattered over E (zeros elsewhere)."""
     e, inter, h = spec.num_experts, spec.expert_intermediate_size, ctx.cfg.hidden_size
     base = f"layers.{i}/mlp/experts"
-    gate_up = experts.gate_up
+    gate_up = read_experts(ctx.weights, i, spec, h, "gate_up")  # [E, 2I, H]
     stacked = WeightTensor(gate_up.name, gate_up.dtype, gate_up.array.reshape(e * 2 * inter, h))  # a view
-    w1 = expert_matrix(ctx, stacked, f"{base}/gate_up_proj", -1)
+    w1 = expert_matrix(ctx, stacked, f"{base}/gate_up_proj")
     y = named(ops.matmul(x, w1, False, True), f"{base}/gate_up_proj")  # [T, E * 2I]
     y = ops.reshape(y, i64([0, e, 2, inter]), True)  # [T, E, 2, I]: each expert's gate half, then its up half
     gate, up = (ops.squeeze(part, i64([2])) for part in ops.split(y, i64(2), 2).outputs())  # [T, E, I] each
@@ -88,19 +87,56 @@ def dense_experts(
     dense = ops.scatter_elements_update(zeros, indices, weights, i64(1))  # [T, E]
     act = ops.multiply(act, ops.unsqueeze(dense, i64([2])))  # [T, E, I]
     act = ops.reshape(act, i64([0, e * inter]), True)  # [T, E * I]
-    # down as one [H, E * I] matrix, experts side by side along its inputs (a copy of this layer's down, once)
-    down = np.ascontiguousarray(experts.down.array.transpose(1, 0, 2)).reshape(h, e * inter)
-    w2 = expert_matrix(ctx, WeightTensor(experts.down.name, experts.down.dtype, down), f"{base}/down_proj", inter)
+    w2 = side_by_side(ctx, read_experts(ctx.weights, i, spec, h, "down"), f"{base}/down_proj")  # [H, E * I]
     return named(ops.matmul(act, w2, False, True), f"{base}/down_proj")  # [T, H]
 
 
-def expert_matrix(ctx: BuildContext, tensor: WeightTensor, node_path: str, expert_inputs: int) -> Output:
-    """A stacked expert matrix through the policy, its integer groups kept inside one expert: rows are always one
-    expert's; along the inputs a group spans at most `expert_inputs` (-1: the inputs are one expert's)."""
-    scheme = expert_scheme(ctx, tensor.shape[1] if expert_inputs == -1 else expert_inputs)
+def expert_matrix(ctx: BuildContext, tensor: WeightTensor, node_path: str) -> Output:
+    """A matrix whose rows are experts' output channels, through the policy (integer groups along one row)."""
+    scheme = expert_scheme(ctx, tensor.shape[1])
     if scheme is None:
         return stored_constant(tensor, node_path, ctx.policy.float_dtype(tensor))
     return compressed_constant(tensor, scheme, node_path)
+
+
+def side_by_side(ctx: BuildContext, down: WeightTensor, node_path: str) -> Output:
+    """down [E, H, I] as one [H, E * I] matrix, experts side by side along its inputs, built one expert at a time
+    into the output buffers (no transposed copy of the checkpoint tensor), integer groups inside one expert."""
+    e, h, inter = down.shape
+    scheme = expert_scheme(ctx, inter)
+    if scheme is None:
+        dtype = ctx.policy.float_dtype(down)
+        t = ov.Tensor(OV_TYPES[dtype], [h, e * inter])
+        dest = (t.data.view(np.uint16) if dtype == "bf16" else t.data).reshape(h, e, inter)  # [H, E, I]
+        for x in range(e):
+            values = to_f32(down.array[x], down.dtype)
+            if dtype == "f16":  # saturating, as stored_constant converts
+                values = np.clip(values, -float(np.finfo(np.float16).max), float(np.finfo(np.float16).max))
+            dest[:, x] = f32_to_bf16(values) if dtype == "bf16" else values
+        c = ov.op.Constant(t)
+        return named(c if dtype == "f32" else ops.convert(c, ov.Type.f32), f"{node_path}/weight")
+    g = scheme.group_length(inter, down.name)
+    groups = inter // g  # per expert and output channel
+    codes = ov.Tensor(STORAGE_TYPES[scheme.storage], [h, e * groups, g])  # grouped: a group never spans experts
+    scale = ov.Tensor(ov.Type.f16, [h, e * groups, 1])
+    zero = None if scheme.sym else np.empty((h, e, groups), np.uint8)  # unpacked; packed once at the end
+    row_bytes = inter if scheme.bits == 8 else inter // 2  # one expert's codes in one output row
+    code_rows = codes.data.reshape(h, e, -1) if scheme.bits == 8 else codes.data.reshape(h, e * row_bytes)
+    for x in range(e):
+        w = to_f32(down.array[x], down.dtype).reshape(h, groups, g)  # [H, I/G, G]
+        q, s, z = quantize_groups(w, scheme)
+        if scheme.bits == 8:
+            code_rows[:, x] = q.reshape(h, inter)
+        else:  # I even: each row's nibbles of this expert fill whole bytes
+            code_rows[:, x * row_bytes : (x + 1) * row_bytes] = pack_nibbles(q).reshape(h, row_bytes)
+        scale.data.reshape(h, e, groups)[:, x] = s
+        if zero is not None:
+            zero[:, x] = z
+    zero_point = None
+    if zero is not None:
+        zero_point = ov.Tensor(STORAGE_TYPES[f"u{scheme.bits}"], [h, e * groups, 1])
+        zero_point.data.reshape(-1)[...] = zero.ravel() if scheme.bits == 8 else pack_nibbles(zero)
+    return decompressed(codes, scale, zero_point, (h, e * inter), node_path)
 
 
 def expert_scheme(ctx: BuildContext, expert_inputs: int) -> Scheme | None:
@@ -114,20 +150,19 @@ def expert_scheme(ctx: BuildContext, expert_inputs: int) -> Scheme | None:
     return Scheme(scheme.bits, scheme.sym, group)
 
 
-def gathered_experts(
-    ctx: BuildContext, i: int, x: Output, experts, spec: MoeSpec, weights: Output, indices: Output
-) -> Output:
+def gathered_experts(ctx: BuildContext, i: int, x: Output, spec: MoeSpec, weights: Output, indices: Output) -> Output:
     """The k chosen experts of each row, their weights gathered (compressed) and decompressed per row."""
     k, inter, h = spec.top_k, spec.expert_intermediate_size, ctx.cfg.hidden_size
     base = f"layers.{i}/mlp/experts"
     flat = ops.reshape(indices, i64([-1]), False)  # [T * k]
     repeated = ops.broadcast(ops.unsqueeze(x, i64([1])), i64([1, k, 1]), broadcast_spec="BIDIRECTIONAL")  # [T, k, H]
     rows = ops.reshape(repeated, i64([-1, 1, h]), False)  # [T * k, 1, H]
-    w1 = gathered_matrix(ctx, experts.gate_up, flat, f"{base}/gate_up_proj")  # [T * k, 2I, H]
+    gate_up = read_experts(ctx.weights, i, spec, h, "gate_up")
+    w1 = gathered_matrix(ctx, gate_up, flat, f"{base}/gate_up_proj")  # [T * k, 2I, H]
     y = ops.reshape(ops.matmul(rows, w1, False, True), i64([-1, 2, inter]), False)  # [T * k, 2, I]
     gate, up = (ops.squeeze(part, i64([1])) for part in ops.split(y, i64(1), 2).outputs())  # [T * k, I] each
     act = ops.unsqueeze(ops.multiply(ops.swish(gate), up), i64([1]))  # [T * k, 1, I]
-    w2 = gathered_matrix(ctx, experts.down, flat, f"{base}/down_proj")  # [T * k, H, I]
+    w2 = gathered_matrix(ctx, read_experts(ctx.weights, i, spec, h, "down"), flat, f"{base}/down_proj")  # [T * k, H, I]
     out = ops.reshape(ops.matmul(act, w2, False, True), i64([-1, k, h]), False)  # [T, k, H]
     out = ops.multiply(out, ops.unsqueeze(weights, i64([2])))
     return ops.reduce_sum(out, i64([1]), False).output(0)  # [T, H]

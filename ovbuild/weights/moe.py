@@ -76,15 +76,6 @@ def moe_tensor_table(prefix: str, num_experts: int) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
-class ExpertStack:
-    """A layer's routed experts as stored: gate_up [E, 2I, H] (each expert's gate rows, then its up rows) and
-    down [E, H, I]; views of the fused checkpoint tensors, or stacked from the per-expert ones."""
-
-    gate_up: WeightTensor
-    down: WeightTensor
-
-
 def expert_layout(source, layer: int) -> str:
     """ "fused" or "per_expert": which layout layer `layer`'s experts are stored in (source: a WeightSource or the
     reference's weights); neither is an error naming both."""
@@ -100,23 +91,21 @@ def expert_layout(source, layer: int) -> str:
     )
 
 
-def read_experts(source: WeightSource, layer: int, spec: MoeSpec, hidden: int) -> ExpertStack:
-    """Layer `layer`'s routed experts, from the fused tensors (mapped, not copied) or the per-expert ones."""
+def read_experts(source: WeightSource, layer: int, spec: MoeSpec, hidden: int, part: str) -> WeightTensor:
+    """Layer `layer`'s routed experts' `part`, "gate_up" [E, 2I, H] (each expert's gate rows, then its up rows) or
+    "down" [E, H, I]: the fused tensor as mapped (not copied), or stacked from the per-expert ones. One part at a
+    time, so an export holds one stored tensor in memory beside what it has built."""
     p, e, inter = f"layers.{layer}.mlp.experts", spec.num_experts, spec.expert_intermediate_size
     if expert_layout(source, layer) == "fused":
-        return ExpertStack(
-            source.get(f"{p}.gate_up_proj", (e, 2 * inter, hidden)), source.get(f"{p}.down_proj", (e, hidden, inter))
-        )
-    mats = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
-    per = [{m: source.get(f"{p}.{x}.{m}_proj", s) for m, s in mats.items()} for x in range(e)]
-    dtype = per[0]["gate"].dtype
-    if any(t.dtype != dtype for m in per for t in m.values()):
+        shape = (e, 2 * inter, hidden) if part == "gate_up" else (e, hidden, inter)
+        return source.get(f"{p}.{part}_proj", shape)  # missing, or a shape off the config: a named error
+    names = ("gate", "up") if part == "gate_up" else ("down",)
+    shape = (inter, hidden) if part == "gate_up" else (hidden, inter)
+    per = [[source.get(f"{p}.{x}.{m}_proj", shape) for m in names] for x in range(e)]
+    dtype = per[0][0].dtype
+    if any(t.dtype != dtype for ts in per for t in ts):
         raise TensorError(f"{source.checkpoint.source}: the experts of layer {layer} are not all stored as {dtype}")
-    # the older layout has no fused tensor to map: this layer's experts are copied once, into the fused order
-    gate_up = np.stack([np.concatenate([m["gate"].array, m["up"].array]) for m in per])  # [E, 2I, H]
-    down = np.stack([m["down"].array for m in per])  # [E, H, I]
-    name = source.checkpoint_name(f"{p}.0.gate_proj")
-    return ExpertStack(
-        WeightTensor(f"{name} (experts 0..{e - 1}, gate and up)", dtype, gate_up),
-        WeightTensor(f"{name} (experts 0..{e - 1}, down)", dtype, down),
-    )
+    # the older layout has no fused tensor to map: this part of the layer is copied once, into the fused order
+    stacked = np.stack([np.concatenate([t.array for t in ts]) for ts in per])  # [E, 2I, H] or [E, H, I]
+    first = source.checkpoint_name(f"{p}.0.{names[0]}_proj")
+    return WeightTensor(f"{first} (experts 0..{e - 1}, {part})", dtype, stacked)
