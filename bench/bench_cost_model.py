@@ -20,12 +20,16 @@ The calls in these formulas are timed in rounds (bench/harness.py), each round r
 full-block step and every tau's planned step in a new order, so that a busy moment of a shared machine hits all of
 them; `before`, `after` and `after / before` are medians of per-round ratios.
 
+`--shape qwen3.5-moe-scaled` runs it with a mixture-of-experts target (bench/bench_moe.py: QWEN35_MOE_SCALED,
+Qwen3.5-35B-A3B's 256 experts, 8 per token, at half its hidden and expert widths, 4 layers) and a DFlash draft for it,
+at the upstream DSpark figure of 9.9 tokens per step (MiniCPM-V-4.7-35B-A3B-DSpark), host time on the tiny MoE pair.
+
 `--shape qwen3.6-scaled` runs the same with a hybrid target (bench/shapes.py: QWEN36_SCALED, Qwen3.6-27B's layer
 pattern and head widths scaled to this machine) and a DFlash draft for it, the host time taken on the tiny hybrid
 pair; the verification calls then report the linear-attention states after every row, as the scheduler's do.
 
-    python bench/bench_cost_model.py [--shape qwen3-4b|qwen3.6-scaled] [--weight-format int8] [--requests 1,4]
-                                     [--workdir DIR]
+    python bench/bench_cost_model.py [--shape qwen3-4b|qwen3.6-scaled|qwen3.5-moe-scaled] [--weight-format int8]
+                                     [--requests 1,4] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -53,9 +57,11 @@ from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, Speculation
 from ovbuild.targets import build_paged_target, load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
+from ovbuild.testing.tiny_moe import write_tiny_moe_target
 from ovbuild.weights.checkpoint import Checkpoint
 
 import harness
+from bench_moe import QWEN35_MOE_SCALED_DFLASH, write_moe_target
 from shapes import QWEN3_4B_DFLASH_B16, QWEN36_SCALED_DFLASH, write_draft, write_hybrid_target, write_target
 
 TAUS = (5.4, 3.1)  # DFlash on Qwen3-4B, GSM8K and MT-Bench (DSpark paper, table 1)
@@ -71,7 +77,14 @@ SHAPES = {
         write_tiny_hybrid_target,
         write_tiny_hybrid_dflash,
     ),
+    "qwen3.5-moe-scaled": (
+        write_moe_target,
+        lambda folder: write_draft(folder, QWEN35_MOE_SCALED_DFLASH, QWEN35_MOE_SCALED_DFLASH["hidden_size"]),
+        write_tiny_moe_target,
+        write_tiny_hybrid_dflash,
+    ),
 }
+SHAPE_TAUS = {"qwen3.5-moe-scaled": (9.9,)}  # MiniCPM-V-4.7-35B-A3B-DSpark's published tokens per step
 
 
 def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -288,7 +301,7 @@ def measure(target: PagedModel, drafter: BlockDrafter, n: int, args, rng) -> lis
     host_alone, host_spec = host_per_step(n, False, args.shape), host_per_step(n, True, args.shape)
     print_costs(costs, host_alone, host_spec)
     plans = []
-    for tau in TAUS:
+    for tau in SHAPE_TAUS.get(args.shape, TAUS):
         a = constant_acceptance(tau)
         ks, plan_s = plan_seconds(costs.speculation(host_spec), n, a, n * args.tau_context)
         plans.append((tau, a, ks, plan_s, float(np.mean([1 + sum(a**j for j in range(1, k + 1)) for k in ks]))))

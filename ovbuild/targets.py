@@ -25,6 +25,7 @@ from ovbuild.ir import MODEL_STEM
 from ovbuild.ir.ports import CONV_STATE, RECURRENT_STATE, Port
 from ovbuild.testing.tiny import write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
+from ovbuild.testing.tiny_moe import write_tiny_minicpmv, write_tiny_moe_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
@@ -73,14 +74,19 @@ QWEN3_5 = TargetFamily(
     config=HybridTargetConfig,
     builders={"paged": _paged(build_hybrid_target)},
     states=(CONV_STATE, RECURRENT_STATE),
-    tiny={"qwen3_5": write_tiny_hybrid_target, "qwen3_5_text": partial(write_tiny_hybrid_target, text_only=True)},
+    tiny={
+        "qwen3_5": write_tiny_hybrid_target,
+        "qwen3_5_text": partial(write_tiny_hybrid_target, text_only=True),
+        "qwen3_5_moe": write_tiny_moe_target,
+        "qwen3_5_moe_per_expert": partial(write_tiny_moe_target, per_expert=True),
+        "minicpmv4_7_1b": partial(write_tiny_minicpmv, kind="1b"),
+        "minicpmv4_7_a3b": partial(write_tiny_minicpmv, kind="a3b"),
+    },
 )
 
 TARGETS: tuple[TargetFamily, ...] = (QWEN3, QWEN3_5)
 # Architectures recognized as targets that no family reads, so that they fail with a clear message.
 REFUSED: dict[str, str] = {
-    "Qwen3_5MoeForConditionalGeneration": "a mixture-of-experts MLP (qwen3_5_moe)",
-    "Qwen3_5MoeForCausalLM": "a mixture-of-experts MLP (qwen3_5_moe)",
     "Qwen3NextForCausalLM": "a mixture-of-experts MLP and fused in_proj_qkvz / in_proj_ba (qwen3_next)",
 }
 

@@ -51,12 +51,21 @@ def test_partial_rotary_factor_at_the_top_level_and_default():
 @pytest.mark.parametrize(
     ("config", "error", "match"),
     [
-        ({**TINY_HYBRID, "architectures": ["Qwen3_5MoeForConditionalGeneration"]}, UnsupportedError, "qwen3_5_moe"),
+        (
+            {**TINY_HYBRID, "architectures": ["Qwen3_5MoeForConditionalGeneration"]},
+            ConfigError,
+            "text_config.model_type' = 'qwen3_5_text' does not fit Qwen3_5MoeForConditionalGeneration",
+        ),
         ({**TINY_HYBRID, "architectures": ["Qwen3NextForCausalLM"]}, UnsupportedError, "in_proj_qkvz"),
         (
             {**TINY_HYBRID, "text_config": {**TINY_HYBRID_TEXT, "model_type": "qwen3_5_moe_text"}},
-            UnsupportedError,
+            ConfigError,
             "text_config.model_type",
+        ),
+        (
+            {**TINY_HYBRID, "text_config": {**TINY_HYBRID_TEXT, "model_type": "llama"}},
+            UnsupportedError,
+            "text_config.model_type' = 'llama' is not a Qwen3.5-family language model",
         ),
         (
             {**TINY_HYBRID, "text_config": {**TINY_HYBRID_TEXT, "linear_num_value_heads": 3}},

@@ -120,4 +120,4 @@ def test_unsupported_variants_fail_with_one_clear_line(tmp_path, capsys, checkpo
     config["architectures"] = ["Qwen3_5MoeForConditionalGeneration"]
     (moe / "config.json").write_text(json.dumps(config))
     run = ovbuild(capsys, "export", "-m", moe, tmp_path / "m", "--quiet")
-    assert_clean_error(run, "mixture-of-experts MLP (qwen3_5_moe), not supported")
+    assert_clean_error(run, "text_config.model_type' = 'qwen3_5_text' does not fit Qwen3_5MoeForConditionalGeneration")

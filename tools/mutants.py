@@ -33,6 +33,7 @@ CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged
 UNTAPPED = ("tests/test_untapped.py",)
 PREFIX = ("tests/test_kv_cache.py", "tests/test_prefix_caching.py", "tests/test_hybrid_prefix_caching.py")
 NARROW = ("tests/test_narrow_weights.py",)
+MOE = ("tests/test_moe.py",)
 
 MUTANTS = (
     # -- the first planted bugs: graph builders, references, RoPE, cache layout, scheduler -----------------------------
@@ -637,5 +638,41 @@ MUTANTS = (
         "    copy = model.clone()\n",
         "    copy = model\n",
         NARROW,
+    ),
+    # -- mixture-of-experts MLP and the MiniCPM-V / DSpark layouts -----------------------------------------------------
+    Mutant(
+        "moe-routing-weights-not-renormalised",
+        "ovbuild/graph/moe.py",
+        "named(ops.divide(values, total), ",
+        "named(values, ",
+        MOE,
+    ),
+    Mutant(
+        "moe-dense-gate-and-up-halves-swapped",
+        "ovbuild/graph/moe.py",
+        "    gate, up = (ops.squeeze(part, i64([2]))",
+        "    up, gate = (ops.squeeze(part, i64([2]))",
+        MOE,
+    ),
+    Mutant(
+        "moe-shared-expert-ungated",
+        "ovbuild/graph/moe.py",
+        "ops.multiply(shared, shared_gate)",
+        "ops.multiply(shared, ops.constant(np.float32(1)))",
+        MOE,
+    ),
+    Mutant(
+        "moe-per-expert-layout-up-before-gate",
+        "ovbuild/weights/moe.py",
+        'names = ("gate", "up") if part == "gate_up"',
+        'names = ("up", "gate") if part == "gate_up"',
+        MOE,
+    ),
+    Mutant(
+        "dspark-nested-keys-ignored",
+        "ovbuild/weights/families/dspark.py",
+        "        return merged_key(r, nested, name)\n",
+        "        return r\n",
+        ("tests/test_minicpmv.py",),
     ),
 )

@@ -16,6 +16,7 @@ from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import embedding, mlp
 from ovbuild.graph.gated_attention import gated_attention, zero_centered_norm
 from ovbuild.graph.gated_delta import gated_delta_net
+from ovbuild.graph.moe import moe_mlp
 from ovbuild.graph.ops import named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
 from ovbuild.graph.rope import rotary_tables
@@ -75,7 +76,8 @@ def build_hybrid_target(
                 result(recurrent_out, RECURRENT_STATE_OUT, i),
             ]
         x = named(ops.add(x, mixed), f"layers.{i}/mixer_residual")
-        m = mlp(ctx, i, zero_centered_norm(ctx, x, f"layers.{i}.post_attention_layernorm", cfg.hidden_size))
+        v = zero_centered_norm(ctx, x, f"layers.{i}.post_attention_layernorm", cfg.hidden_size)
+        m = moe_mlp(ctx, i, v, cfg.moe) if cfg.moe is not None else mlp(ctx, i, v)
         x = named(ops.add(x, m), f"layers.{i}/output")
         layer_outputs.append(x)
     h = zero_centered_norm(ctx, x, "norm", cfg.hidden_size)  # [T, H]

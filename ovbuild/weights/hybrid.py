@@ -13,11 +13,21 @@ from dataclasses import dataclass
 from ovbuild.errors import ConfigError, TensorError, UnsupportedError
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
+from ovbuild.weights.moe import MoeSpec, moe_tensor_table, parse_moe
 from ovbuild.weights.rope import parse_rope
 from ovbuild.weights.target import TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
 
-HYBRID_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
+# Architecture -> the language model's `model_type` when its config does not say. MiniCPM-V 4.7 nests a Qwen3.5
+# text stack (dense or MoE, by `text_config.model_type`) under the same `model.language_model.` prefix.
+HYBRID_ARCHITECTURES = {
+    "Qwen3_5ForConditionalGeneration": "qwen3_5_text",
+    "Qwen3_5ForCausalLM": "qwen3_5_text",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe_text",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
+    "MiniCPMV4_7ForConditionalGeneration": "qwen3_5_text",
+}
+HYBRID_TEXT_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
 HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
 # Where the language model's tensors sit, tried in this order; the first holding embed_tokens is the checkpoint's.
 TEXT_PREFIXES = ("model.language_model.", "model.")
@@ -33,6 +43,8 @@ class HybridTargetConfig(TargetConfig):
     linear_value_head_dim: int
     linear_conv_kernel_dim: int
     rotary_dim: int  # RoPE turns the first rotary_dim dims of each head (head_dim * partial_rotary_factor)
+    # every MLP a mixture of experts (qwen3_5_moe_text; intermediate_size is then the shared expert's width), or None
+    moe: MoeSpec | None = None
     family: str = "qwen3_5"
 
     @property
@@ -74,11 +86,10 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
     if arch not in HYBRID_ARCHITECTURES:
         raise UnsupportedError(f"{root.where('architectures')}: {arch!r} is not a Qwen3.5-family architecture")
     text = root.section("text_config") or root
-    model_type = text.str("model_type", "qwen3_5_text")
-    if "moe" in model_type:
-        raise UnsupportedError(
-            f"{text.where('model_type')}: '{model_type}' has a mixture-of-experts MLP, not supported"
-        )
+    model_type = _text_model_type(root, text, arch)
+    moe = None
+    if model_type == "qwen3_5_moe_text":
+        moe = parse_moe(text)
     hidden = text.int("hidden_size", minimum=1)
     heads = text.int("num_attention_heads", minimum=1)
     kv_heads = text.int("num_key_value_heads", heads, minimum=1)
@@ -101,9 +112,10 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
         raise ConfigError(f"{text.where('partial_rotary_factor')} = {partial} gives {rotary_dim} rotary dims")
     tie_source = root if root.has("tie_word_embeddings") else text
-    return HybridTargetConfig(
+    fields = dict(
         hidden_size=hidden,
-        intermediate_size=text.int("intermediate_size", minimum=1),
+        # an MoE stack has no dense MLP: its shared expert's width stands in (graph/moe.py sizes it so)
+        intermediate_size=moe.shared_intermediate_size if moe else text.int("intermediate_size", minimum=1),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -124,6 +136,24 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
         linear_conv_kernel_dim=text.int("linear_conv_kernel_dim", 4, minimum=2),
         rotary_dim=rotary_dim,
     )
+    return HybridTargetConfig(**fields, moe=moe)
+
+
+def _text_model_type(root: ConfigReader, text: ConfigReader, arch: str) -> str:
+    """The language model's type: MiniCPM-V 4.7 names it in `text_config.model_type` (transformers resolves the
+    section by it); the Qwen3.5 classes fix it by architecture, so a section saying otherwise is a wrong config."""
+    expected = HYBRID_ARCHITECTURES[arch]
+    if text is root:  # a flat config's model_type names the whole model
+        return expected
+    model_type = text.str("model_type", expected)
+    if model_type not in HYBRID_TEXT_TYPES:
+        raise UnsupportedError(
+            f"{text.where('model_type')} = '{model_type}' is not a Qwen3.5-family language model "
+            f"({', '.join(HYBRID_TEXT_TYPES)})"
+        )
+    if arch.startswith("Qwen3_5") and model_type != expected:
+        raise ConfigError(f"{text.where('model_type')} = '{model_type}' does not fit {arch} (expected '{expected}')")
+    return model_type
 
 
 def _layer_types(text: ConfigReader, layers: int) -> tuple[str, ...]:
@@ -192,10 +222,13 @@ def text_prefix(checkpoint: Checkpoint) -> str:
 def load_hybrid_target(checkpoint: Checkpoint) -> tuple[HybridTargetConfig, WeightSource]:
     """Normalized config and tensor source of a Qwen3.5-family checkpoint."""
     config = parse_hybrid_config(checkpoint.config, str(checkpoint.config_path))
-    table = hybrid_tensor_table(text_prefix(checkpoint))
+    prefix = text_prefix(checkpoint)
+    table = hybrid_tensor_table(prefix)
+    if config.moe is not None:
+        table |= moe_tensor_table(prefix, config.moe.num_experts)
     if config.tie_word_embeddings:
         table["lm_head"] = table["embed_tokens"]
     return config, WeightSource(checkpoint, table)
 
 
-HYBRID_LAYOUT = TargetLayout(HYBRID_ARCHITECTURES, parse_hybrid_config, load_hybrid_target)
+HYBRID_LAYOUT = TargetLayout(tuple(HYBRID_ARCHITECTURES), parse_hybrid_config, load_hybrid_target)

@@ -38,6 +38,16 @@ def compressed_constant(tensor: WeightTensor, scheme: Scheme, path: str) -> Outp
         scale.data.reshape(-1),
         None if zero_point is None else zero_point.data.reshape(-1),
     )
+    return decompressed(codes, scale, zero_point, (n, k), path)
+
+
+def decompressed(
+    codes: ov.Tensor, scale: ov.Tensor, zero_point: ov.Tensor | None, shape: tuple[int, int], path: str
+) -> Output:
+    """The decompression subgraph over filled code, scale and zero-point buffers of an [N, K] matrix (codes
+    [N, K/G, G] when grouped, else [N, K])."""
+    n, k = shape
+    grouped = len(codes.shape) == 3
     w = named(ops.convert(named(ov.op.Constant(codes), f"{path}/weight/codes"), ov.Type.f16), f"{path}/weight/f16")
     if zero_point is not None:
         zp = named(ov.op.Constant(zero_point), f"{path}/weight/zero_point")

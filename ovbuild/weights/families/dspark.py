@@ -1,5 +1,7 @@
 """DeepSpec's Qwen3DSparkModel: DSpark drafts (Markov head, optional confidence head) and DeepSpec DFlash drafts
-(the same architecture with `markov_rank` 0). Flat config keys, written by the authors only where they apply:
+(the same architecture with `markov_rank` 0). Config keys flat, or nested in `dflash_config` (the MiniCPM-V 4.7
+drafts: `block_size`, `mask_token_id`, `target_layer_ids`, `markov_rank`, `confidence_head_with_markov`; the nested
+value wins, a flat one contradicting it is an error), written by the authors only where they apply:
 `markov_head_type` only when markov_rank > 0, `confidence_head_with_markov` only when the confidence head is on.
 
 The backbone is DFlash v1 with candidate offset 0: the anchor row is the first prediction row, so a block of B rows
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ovbuild.errors import ConfigError, UnsupportedError
-from ovbuild.weights.config_reader import ConfigReader
+from ovbuild.weights.config_reader import ConfigReader, merged_key
 from ovbuild.weights.draft_config import DraftConfig, dflash_fields
 from ovbuild.weights.families.base import CheckpointLayout
 from ovbuild.weights.families.dflash import DFLASH_TENSORS
@@ -49,25 +51,33 @@ DSPARK_TENSORS = {
 
 def parse(r: ConfigReader) -> DSparkConfig:
     fields = dflash_fields(r, family="dspark", candidate_offset=0)
-    rank = r.int("markov_rank", minimum=0)
+    nested = r.section("dflash_config")
+
+    def key(name: str) -> ConfigReader:
+        return merged_key(r, nested, name)
+
+    def where(name: str) -> str:
+        return key(name).where(name)
+
+    rank = key("markov_rank").int("markov_rank", minimum=0)
     head_type = None
     if rank > 0:
-        head_type = r.str("markov_head_type")
+        head_type = key("markov_head_type").str("markov_head_type")
         if head_type == "rnn":
             raise UnsupportedError(
-                f"{r.where('markov_head_type')} = 'rnn' is not supported: the RNN head's state depends on the whole "
+                f"{where('markov_head_type')} = 'rnn' is not supported: the RNN head's state depends on the whole "
                 "path of chosen tokens, so its bias cannot be scored as a Top-K lattice of pairwise transitions "
                 "(use a vanilla or gated head)"
             )
         if head_type not in MARKOV_HEAD_TYPES:
             raise ConfigError(
-                f"{r.where('markov_head_type')} = {head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}, rnn"
+                f"{where('markov_head_type')} = {head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}, rnn"
             )
-    confidence = r.bool("enable_confidence_head")
-    with_markov = r.bool("confidence_head_with_markov") if confidence else False
+    confidence = key("enable_confidence_head").bool("enable_confidence_head")
+    with_markov = key("confidence_head_with_markov").bool("confidence_head_with_markov") if confidence else False
     if with_markov and rank == 0:
         raise ConfigError(
-            f"{r.where('confidence_head_with_markov')} is true but markov_rank is 0 (no Markov features to read)"
+            f"{where('confidence_head_with_markov')} is true but markov_rank is 0 (no Markov features to read)"
         )
     return DSparkConfig(
         **fields,
