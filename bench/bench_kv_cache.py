@@ -120,7 +120,7 @@ def main() -> None:
         for name, config in CONFIGS.items():
             print(f"  {name:<44} identical requests: {exactness(model, draft_model, prompts, config)}")
         targets = {name: compiled_target(model, CONFIGS[name], 1100) for name in TIMED}
-        print(f"decode call, one row per sequence (ms, best quartile of 30 calls; median of {args.rounds} rounds, ")
+        print(f"decode call, one row per sequence (ms, best quartile of 30 calls; median of {args.rounds} rounds,")
         print("configurations interleaved; in brackets this configuration's time / f32's within rounds, median):")
         for seqs, past in ((1, 100), (1, 2000), (1, 4000), (8, 2000), (16, 2000)):
             cases = {
