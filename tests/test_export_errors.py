@@ -89,7 +89,8 @@ CASES = [
      "shard 'model-00002-of-00002.safetensors' listed in the index is missing"),
     ("unknown architecture", lambda tmp, T, D: (edit_config(target(tmp), architectures=["LlamaForCausalLM"]), []),
      "unknown architecture 'LlamaForCausalLM' (targets: Qwen3ForCausalLM, Qwen3_5ForConditionalGeneration, "
-     "Qwen3_5ForCausalLM; drafts: "),
+     "Qwen3_5ForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM, "
+     "MiniCPMV4_7ForConditionalGeneration; drafts: "),
     ("pickle checkpoint", lambda tmp, T, D: (pickled(tmp), []), "reads safetensors only and never unpickles"),
     ("draft taps beyond the target's layers",
      lambda tmp, T, D: (draft(tmp, num_target_layers=None), with_target(target(tmp, **layers(4)))),

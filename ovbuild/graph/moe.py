@@ -34,6 +34,8 @@ from ovbuild.weights.moe import MoeSpec, read_experts
 from ovbuild.weights.tensor import WeightTensor
 
 MOE_DESIGNS = ("dense", "gather")
+# dense: 1.6 to 4x faster than gather on decode of several sequences, verification and prefill calls; gather wins
+# only a lone decode row (docs/moe.md)
 DEFAULT_DESIGN = "dense"
 
 
