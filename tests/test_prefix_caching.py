@@ -214,3 +214,19 @@ def test_draft_context_rows_of_a_cached_prefix_are_reused(models, config):
     scheduler, requests = runs[True]
     assert [r.num_cached_tokens for r in requests] == [0, 2 * BLOCK, 3 * BLOCK, 2 * BLOCK, 3 * BLOCK, 0]
     assert scheduler.metrics.catch_up_rows == 0  # no taps of a cached prefix were computed again
+
+
+def test_a_draft_without_the_cached_rows_catches_up_from_the_target_hit(models):
+    """The target's cache holds the prefix, a fresh draft's does not: the request starts on the target's hit and the
+    target computes the missing taps again before the request drafts (a gap, ovbuild.runtime.catch_up)."""
+    prompts = conversation_prompts()
+    config = GenerationConfig(max_new_tokens=12, num_assistant_tokens=4)
+    reference = [r.generated for r in serve(target_scheduler(models, False), [prompts[:1], prompts[2:3]], config)]
+    target = PagedModel(models[0], num_blocks=64, **F32)
+    outputs = []
+    for prompt in (prompts[0], prompts[2]):
+        drafter = BlockDrafter(models[1], num_blocks=64, **F32)  # a new draft cache each time
+        scheduler = Scheduler(target, drafter, max_num_batched_tokens=64)
+        outputs += serve(scheduler, [[prompt]], config)
+    assert [r.generated for r in outputs] == reference
+    assert outputs[1].num_cached_tokens == 3 * BLOCK and scheduler.metrics.catch_up_rows >= 3 * BLOCK

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ovbuild.runtime.request import Request
+from ovbuild.runtime.request import FinishReason, Request
 from ovbuild.runtime.scheduler import Scheduler
 
 # What a byte-level decoder renders for bytes that do not yet form a whole character.
@@ -37,6 +37,24 @@ class TextStream:
         return delta
 
 
+def step_until_done(scheduler: Scheduler, after_step: Callable[[Scheduler], bool | None] | None = None) -> None:
+    """The one step loop (Pipeline.generate, stream_until_done, the server's engine): step until every request has
+    finished, calling after_step(scheduler) after each step (False ends the loop early, requests left as they are).
+    An exception (Ctrl-C included) aborts every unfinished request before it propagates, so no block is left behind:
+    an Exception as an error (FinishReason.ERROR), anything else (Ctrl-C) as an abort."""
+    try:
+        while scheduler.has_unfinished():
+            scheduler.step()
+            if after_step is not None and after_step(scheduler) is False:
+                return
+    except Exception:
+        scheduler.abort_all(FinishReason.ERROR)
+        raise
+    except BaseException:
+        scheduler.abort_all(FinishReason.ABORT)
+        raise
+
+
 def stream_until_done(
     scheduler: Scheduler,
     on_text: Callable[[Request, str, bool], bool | None],
@@ -52,18 +70,15 @@ def stream_until_done(
             streams[request.id] = TextStream(decode, request.config.stop_strings)
         return streams[request.id]
 
-    try:
-        while scheduler.has_unfinished():
-            scheduler.step()
-            for request in list(scheduler.running):
-                text = stream(request).push(request.generated)
-                if text and on_text(request, text, False):
-                    scheduler.abort(request)
-            for request in scheduler.finished:
-                if request.id not in reported:
-                    reported.add(request.id)
-                    on_text(request, stream(request).finish(request.text), True)
-                    streams.pop(request.id)
-    except BaseException:
-        scheduler.abort_all()
-        raise
+    def after_step(scheduler: Scheduler) -> None:
+        for request in list(scheduler.running):
+            text = stream(request).push(request.generated)
+            if text and on_text(request, text, False):
+                scheduler.abort(request)
+        for request in scheduler.finished:
+            if request.id not in reported:
+                reported.add(request.id)
+                on_text(request, stream(request).finish(request.text), True)
+                streams.pop(request.id)
+
+    step_until_done(scheduler, after_step)
