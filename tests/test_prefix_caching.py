@@ -230,3 +230,23 @@ def test_a_draft_without_the_cached_rows_catches_up_from_the_target_hit(models):
         outputs += serve(scheduler, [[prompt]], config)
     assert [r.generated for r in outputs] == reference
     assert outputs[1].num_cached_tokens == 3 * BLOCK and scheduler.metrics.catch_up_rows >= 3 * BLOCK
+
+
+def test_a_prompt_of_whole_blocks_hits_all_but_its_last_block(models):
+    """The last context token's row must run (its logits give the first token): a repeated prompt of 2 whole blocks
+    starts on the first block only. Driven through the plan/apply interface: schedule() says the hit, execute() runs
+    the target, update() commits."""
+    prompt = conversation_prompts()[0][: 2 * BLOCK]
+    scheduler = target_scheduler(models, True)
+    (first,) = serve(scheduler, [[prompt]], GREEDY)
+    again = scheduler.add_request(prompt, GREEDY)
+    plan = scheduler.schedule()
+    assert plan.hits == {again.id: BLOCK} and plan.admitted == [again] and not plan.preempted
+    assert [(part.request, part.start, len(part.tokens)) for part in plan.rows] == [(again, BLOCK, BLOCK)]
+    # taken from the free queue: the cached first block (nobody held it) and two of its own, for the second block
+    # and the row of its first decode step
+    assert plan.new_blocks == {"target": 3} and scheduler.target.cache.allocator.refs.count(1) == 3
+    scheduler.update(plan, scheduler.execute(plan))
+    while scheduler.has_unfinished():
+        scheduler.step()
+    assert again.generated == first.generated

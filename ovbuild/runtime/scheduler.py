@@ -209,10 +209,15 @@ class Scheduler:
         ]
 
     def _step_lengths(self, request: Request, end: int) -> dict[str, int]:
-        """Tokens each cache must hold for a step whose target rows of `request` end at `end` (and its draft call)."""
+        """Tokens each cache must hold for a step whose target rows of `request` end at `end` (and its draft call).
+
+        The draft call after it writes the request's context rows (at most up to `end`) and a block of its next
+        proposal, never longer than the tokens the request may still generate: so no step needs more than the
+        request's budget (`budgets`), and a request that fits alone always runs."""
         lengths = {"target": end}
         if self.drafter is not None:
-            lengths["draft"] = end + self.drafter.max_candidates + self.drafter.candidate_offset
+            longest = min(self.drafter.max_candidates, max(request.remaining - 1, 0))
+            lengths["draft"] = end + longest + self.drafter.candidate_offset
         return lengths
 
     def schedule(self) -> StepPlan:
@@ -243,6 +248,10 @@ class Scheduler:
                         cache.reserve(request.id, lengths[name])
                     break
                 victim = self.running[-1]
+                if victim is request and len(self.running) == 1:
+                    raise CacheExhaustedError(
+                        f"request {request.id} does not fit the caches even alone ({lengths} tokens asked)"
+                    )
                 self._preempt(victim, plan)
                 if victim is request:
                     break
@@ -473,9 +482,10 @@ class Scheduler:
             request.add_taps(taps[: accepted + 1])
         start = request.target_len
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
-        self._commit_rows(request, start)  # a hybrid's state after row `accepted`: anchor + accepted drafts
         request.proposal = []
         self._commit(request, committed)
+        # after the tokens are appended: the blocks' hashes read them; a hybrid's state after row `accepted`
+        self._commit_rows(request, start)
 
     def _commit(self, request: Request, tokens: list[int]) -> None:
         """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
