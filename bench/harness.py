@@ -100,13 +100,13 @@ def interleave(
     rng = np.random.default_rng(seed)
     names = list(cases)
     if warmup:
-        for name in rng.permutation(names):
-            cases[name]()
+        for i in rng.permutation(len(names)):  # indices: case names keep their own type (str, float, ...)
+            cases[names[i]]()
     rounds = Rounds({name: [] for name in names})
     for _ in range(n_rounds):
         # a new order every round: a case always run after the same neighbour would carry that neighbour's effect on
         # caches and clocks into every ratio
-        for name in rng.permutation(names):
+        for name in (names[i] for i in rng.permutation(len(names))):
             measured = timed(cases[name])
             rounds.seconds[name].append(measured.seconds)
             rounds.outputs[name] = measured.output
