@@ -36,6 +36,7 @@ from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
+from ovbuild.runtime.detokenizer import Detokenizer
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
@@ -500,30 +501,13 @@ class Scheduler:
                 request.finish_reason = FinishReason.LENGTH
                 break
         if config.stop_strings and self.detokenize is not None:
-            self._check_stop_strings(request, len(request.generated) - before)
+            if request.detokenizer is None:
+                request.detokenizer = Detokenizer(self.detokenize, config.stop_strings)
+            text = request.detokenizer.find_stop(request.generated, len(request.generated) - before)
+            if text is not None:
+                request.text, request.finish_reason = text, FinishReason.STOP_STRING
         if request.finish_reason is not None:
             request.status = Status.FINISHED
-
-    def _check_stop_strings(self, request: Request, new: int) -> None:
-        stops = request.config.stop_strings
-        # A stop string not seen before ends in the new tokens' text and starts at most len(stop) characters earlier:
-        # at most 4 tokens a character (byte-level tokens), plus slack for a character split at the window's edge.
-        # Decoding only that tail keeps a long generation linear; the whole text is decoded once a stop string shows.
-        window = new + 4 * max(len(s) for s in stops) + 4
-        if len(request.generated) > window:
-            tail = self.detokenize(request.generated[-window:])
-            if not any(s in tail for s in stops):
-                return
-        text = self.detokenize(request.generated)
-        hits = [i for i in (text.find(s) for s in request.config.stop_strings) if i >= 0]
-        if not hits:
-            return
-        cut = min(hits)
-        # keep the fewest tokens whose text reaches the stop string
-        while len(request.generated) > 1 and len(self.detokenize(request.generated[:-1])) > cut:
-            request.generated.pop()
-        request.text = text[:cut]
-        request.finish_reason = FinishReason.STOP_STRING
 
     # -- draft call -----------------------------------------------------------------------------------------------
 
