@@ -43,3 +43,16 @@ def test_the_report_says_in_words_when_nothing_was_drafted():
     run.add(drafted)
     assert "3/4 draft tokens (75.0%), mean acceptance length 4.00" in format_metrics(run, with_draft=True)
     assert "acceptance" not in format_metrics(RunMetrics(), with_draft=False)
+
+
+def test_prefix_cache_counters_reach_the_summary_the_json_and_merged_totals():
+    run = RunMetrics(prefix_cache_queries=400, prefix_cache_hits=300, num_preemptions=2)
+    assert "300/400 prompt tokens cached (75.0% hit rate), 2 preemptions" in format_metrics(run, with_draft=False)
+    totals = run.as_dict()
+    assert (totals["prefix_cache_queries"], totals["prefix_cache_hits"], totals["num_preemptions"]) == (400, 300, 2)
+    assert totals["prefix_cache_hit_rate"] == 0.75
+    both = RunMetrics()
+    both.merge(run)
+    both.merge(run)
+    assert (both.prefix_cache_hits, both.prefix_cache_queries, both.num_preemptions) == (600, 800, 4)
+    assert "prefix cache" not in format_metrics(RunMetrics(), with_draft=False)  # nothing looked up: no line

@@ -70,6 +70,7 @@ OPTION_CASES = {
     "max_new_tokens_zero": (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
     "max_new_tokens_negative": (["--max-new-tokens", "-3"], "--max-new-tokens must be an integer >= 1, got -3"),
     "max_model_len_zero": (["--max-model-len", "0"], "--max-model-len must be an integer >= 1, got 0"),
+    "max_num_seqs_zero": (["--max-num-seqs", "0"], "--max-num-seqs must be an integer >= 1, got 0"),
     "empty_stop": (["--stop", ""], '--stop "" is empty: an empty stop string would end every request at once'),
     "non_utf8_prompt": (["--prompt", "ok\udcff"], "--prompt 2 is not valid UTF-8 (byte 0xff at character 2)"),
     "cache_nan": (["--cache-mb", "nan"], "--cache-mb must be a finite number of megabytes > 0, got nan"),

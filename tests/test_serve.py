@@ -252,3 +252,33 @@ def test_a_full_server_answers_503_and_recovers(tiny_pair):
         wait_idle(server)
         again = httpx.post(url, json={"model": MODEL, "prompt": "y", "max_tokens": 2}, timeout=30)
         assert again.status_code == 200 and json.loads(again.text)["usage"]["completion_tokens"] == 2
+
+
+def test_a_multi_turn_chat_hits_the_prefix_cache(server, client):
+    """Each turn resends the whole conversation: from the second turn on, its prefix is found cached, as /metrics
+    counts (tokens looked up and found, vLLM's counters), and the cache usage gauge is there for both caches."""
+    wait_idle(server)
+    before = metrics(server)
+    messages = [
+        {"role": "system", "content": "You are a terse assistant who answers in code. " * 8},
+        {"role": "user", "content": "def add(a, b):"},
+    ]
+    prompt_tokens = 0
+    for turn in range(3):
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+        prompt_tokens += answer.usage.prompt_tokens
+        messages += [
+            {"role": "assistant", "content": answer.choices[0].message.content},
+            {"role": "user", "content": f"and turn {turn}?"},
+        ]
+    wait_idle(server)
+    after = metrics(server)
+
+    def delta(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert delta("ovbuild_prefix_cache_queries_total") == prompt_tokens
+    assert 0 < delta("ovbuild_prefix_cache_hits_total") < prompt_tokens
+    for cache in ("target", "draft"):
+        assert 0 <= after[f'ovbuild_kv_cache_usage_perc{{cache="{cache}"}}'] <= 1
+    assert "ovbuild_num_preemptions_total" in after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_prefix_caching import conversation_prompts, serve
 
 from ovbuild.families import FAMILIES, build_draft_models, load_draft
 from ovbuild.graph.target import build_target
@@ -113,3 +114,31 @@ def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target, writer):
         logits, hidden = ref.forward(ref.new_cache(), item.context.astype(np.float64), block)
         expected = greedy_walk(*ref.lattice(logits, hidden, item.anchor))[: item.num_tokens]
         assert proposal == expected.tolist()
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_prefix_caching_and_preemption_keep_the_family_exact(family_folders, sampled):
+    """The family's drafter starts on cached prefixes (its context rows reused with the target's blocks), and is
+    preempted in a pool too small for all requests at once: outputs equal the target alone without caching, greedy
+    and sampled with a seed (the draft length pinned: the adaptive choice depends on measured times)."""
+    family, target_model, draft_dir = family_folders
+    rng = np.random.default_rng(5)
+    runs = {  # pool size -> prompts in waves, new tokens
+        64: (lambda p: [p[:1], p[1:5]])(conversation_prompts()),
+        6: [[rng.integers(0, 256, int(rng.integers(20, 60))).tolist() for _ in range(5)]],
+    }
+    for num_blocks, waves in runs.items():
+        config = GenerationConfig(
+            max_new_tokens=12 if num_blocks == 64 else 40, num_assistant_tokens=3, do_sample=sampled, top_k=16
+        )
+        alone = Scheduler(PagedModel(target_model, num_blocks=64, **F32), None, enable_prefix_caching=False)
+        reference = [r.generated for r in serve(alone, waves, config)]
+        drafter = DRAFTERS[family].from_folder(draft_dir, **F32)
+        scheduler = Scheduler(PagedModel(target_model, num_blocks=num_blocks, **F32), drafter)
+        requests = serve(scheduler, waves, config)
+        assert [r.generated for r in requests] == reference, f"{num_blocks} blocks"
+        assert scheduler.metrics.requests.num_draft_tokens > 0
+        if num_blocks == 64:
+            assert scheduler.metrics.prefix_cache_hits > 0 and scheduler.metrics.catch_up_rows == 0
+        else:
+            assert scheduler.metrics.num_preemptions > 0

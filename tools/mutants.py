@@ -229,8 +229,8 @@ MUTANTS = (
     Mutant(
         "kv-free-keeps-blocks",
         "ovbuild/runtime/kv_cache.py",
-        "                self._free[block] = None\n",
-        "",
+        "            if self.refs[block] == 0:\n                self._free[block] = None\n",
+        "            if False:\n                self._free[block] = None\n",
         ("tests/test_kv_cache.py", *SPECULATIVE),
     ),
     Mutant(
@@ -248,10 +248,10 @@ MUTANTS = (
         PREFIX,
     ),
     Mutant(
-        "scheduler-preempted-request-keeps-its-length",
-        "ovbuild/runtime/scheduler.py",
-        "request.target_len = request.taps_len = request.pending_rows = 0",
-        "request.taps_len = request.pending_rows = 0",
+        "request-recomputed-without-its-generated-tokens",
+        "ovbuild/runtime/request.py",
+        "return len(self.prompt) + max(len(self.generated) - 1, 0)",
+        "return len(self.prompt)",
         PREFIX,
     ),
     Mutant(

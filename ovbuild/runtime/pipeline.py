@@ -29,6 +29,7 @@ from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.state_pool import state_specs
+from ovbuild.runtime.streaming import step_until_done
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
 
 
@@ -186,16 +187,10 @@ class Pipeline:
         for i, ids in enumerate(prompt_ids):  # every prompt, before the first is queued
             check_prompt(ids, max_new_tokens, self.target.vocab_size, self.max_model_len, f"prompt {i + 1}")
         scheduler = self.scheduler(trace, use_draft)
-        try:
-            for ids in prompt_ids:
-                scheduler.add_request(ids, config)
-            while scheduler.has_unfinished():
-                scheduler.step()
-                if on_step is not None:
-                    on_step(scheduler)
-        finally:
-            # an error or Ctrl-C mid-run must not leave blocks or drafter state behind for the next call
-            scheduler.abort_all()
+        for ids in prompt_ids:
+            scheduler.add_request(ids, config)
+        # an error or Ctrl-C mid-run must not leave blocks or drafter state behind for the next call: the loop aborts
+        step_until_done(scheduler, on_step)
         return sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ovbuild.runtime.detokenizer import Detokenizer
 from ovbuild.runtime.drafters.base import Proposal
 from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.prefix import chain_hashes
@@ -92,6 +93,7 @@ class Request:
     hashes: dict[int, list[bytes]] = field(default_factory=dict)  # block size -> chained hashes of committed blocks
     num_cached_tokens: int = 0  # prompt tokens its last admission found cached (prefix caching)
     num_preemptions: int = 0
+    detokenizer: Detokenizer | None = None  # its stop strings' detokenizer (the scheduler's, made when first needed)
 
     @property
     def context_len(self) -> int:

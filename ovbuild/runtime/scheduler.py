@@ -37,6 +37,7 @@ from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSI
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
+from ovbuild.runtime.detokenizer import Detokenizer
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
@@ -209,12 +210,16 @@ class Scheduler:
             ("draft", self.drafter.cache_manager, tokens + offset + longest),
         ]
 
-    def _step_lengths(self, request: Request, rows: int) -> dict[str, int]:
-        """Tokens each cache must hold for a step that runs `rows` target rows of `request` (and its draft call)."""
-        end = request.target_len + rows
+    def _step_lengths(self, request: Request, end: int) -> dict[str, int]:
+        """Tokens each cache must hold for a step whose target rows of `request` end at `end` (and its draft call).
+
+        The draft call after it writes the request's context rows (at most up to `end`) and a block of its next
+        proposal, never longer than the tokens the request may still generate: so no step needs more than the
+        request's budget (`budgets`), and a request that fits alone always runs."""
         lengths = {"target": end}
         if self.drafter is not None:
-            lengths["draft"] = end + self.drafter.max_candidates + self.drafter.candidate_offset
+            longest = min(self.drafter.max_candidates, max(request.remaining - 1, 0))
+            lengths["draft"] = end + longest + self.drafter.candidate_offset
         return lengths
 
     def schedule(self) -> StepPlan:
@@ -239,12 +244,16 @@ class Scheduler:
                 continue  # preempted for an older one
             rows = self._rows_wanted(request)
             while True:
-                lengths = self._step_lengths(request, rows)
+                lengths = self._step_lengths(request, request.target_len + rows)
                 if all(cache.can_hold(request.id, lengths[name]) for name, cache in self.caches.items()):
                     for name, cache in self.caches.items():
                         cache.reserve(request.id, lengths[name])
                     break
                 victim = self.running[-1]
+                if victim is request and len(self.running) == 1:
+                    raise CacheExhaustedError(
+                        f"request {request.id} does not fit the caches even alone ({lengths} tokens asked)"
+                    )
                 self._preempt(victim, plan)
                 if victim is request:
                     break
@@ -275,11 +284,11 @@ class Scheduler:
         (after its prefix hit); it then grows block by block as it decodes."""
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            hit = self._prefix_hit(request)
-            if not self._start(request, hit):
+            hit, draft_hit = self._prefix_hits(request)
+            if not self._start(request, hit, draft_hit):
                 break
             request.status = Status.PREFILL
-            request.target_len = request.taps_len = hit
+            request.target_len, request.taps_len = hit, draft_hit
             request.num_cached_tokens = hit
             if request.acceptance is None and self.speculation is not None:
                 request.acceptance = self.speculation.new_stats()
@@ -289,40 +298,50 @@ class Scheduler:
             plan.admitted.append(request)
             plan.hits[request.id] = hit
 
-    def _prefix_hit(self, request: Request) -> int:
-        """Tokens of the request's context every cache holds, at a length every cache can resume from: whole blocks
-        of each, and never the last context token (its row must run: its logits give the first token)."""
+    def _prefix_hits(self, request: Request) -> tuple[int, int]:
+        """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
+        (its row must run: its logits give the first token). The draft's hit is at most the target's; when it is
+        shorter, the taps in between are a gap the target computes again before the request drafts
+        (ovbuild.runtime.catch_up). A target with states cannot run a catch-up: both start at one length, the
+        longest every cache (and a snapshot) holds."""
         if not self.prefix_caching:
-            return 0
+            return 0, 0
         limit = request.context_len - 1
-        caches = list(self.caches.values())
-        step = math.lcm(*(c.block_size for c in caches))
-        hashes = [request.block_hashes(c.block_size, limit) for c in caches]
-        hit = min(c.cached_prefix(h) for c, h in zip(caches, hashes, strict=True))
-        hit -= hit % step
-        while hit and not all(
-            c.cached_prefix(h[: hit // c.block_size]) == hit for c, h in zip(caches, hashes, strict=True)
-        ):
-            hit -= step
-        return hit
+        target = self.target.cache_manager
+        hit = target.cached_prefix(request.block_hashes(target.block_size, limit))
+        if self.drafter is None:
+            return hit, 0
+        draft = self.drafter.cache_manager
+        hashes = request.block_hashes(draft.block_size, limit)
+        if self.target.states is None:
+            draft_hit = min(draft.cached_prefix(hashes), hit)
+            return hit, draft_hit - draft_hit % draft.block_size
+        caches = [target, draft]
+        step = math.lcm(target.block_size, draft.block_size)
+        common = min(hit, draft.cached_prefix(hashes))
+        common -= common % step
+        while common and not all(c.cached_prefix(request.block_hashes(c.block_size, common)) == common for c in caches):
+            common -= step
+        return common, common
 
-    def _start(self, request: Request, hit: int) -> bool:
+    def _start(self, request: Request, hit: int, draft_hit: int) -> bool:
         """Give the request its cached prefix and blocks for its whole context in every cache; False (holding
         nothing) when some cache lacks the room now."""
-        lengths = self._step_lengths(request, request.context_len + 1 - request.target_len)
+        lengths = self._step_lengths(request, request.context_len + 1)
+        hits = {"target": hit, "draft": draft_hit}
         started = []
         try:
             for name, cache in self.caches.items():
                 started.append(cache)
-                if hit:
-                    cache.resume(request.id, request.block_hashes(cache.block_size, hit), hit)
+                if hits[name]:
+                    cache.resume(request.id, request.block_hashes(cache.block_size, hits[name]), hits[name])
                 cache.reserve(request.id, lengths[name])
         except CacheExhaustedError:
             for cache in started:
                 cache.free(request.id)
             return False
         if self.drafter is not None:
-            self.drafter.resume(request.id, hit)
+            self.drafter.resume(request.id, draft_hit)
         return True
 
     # -- target call and verification -----------------------------------------------------------------------------
@@ -465,9 +484,10 @@ class Scheduler:
             request.add_taps(taps[: accepted + 1])
         start = request.target_len
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
-        self._commit_rows(request, start)  # a hybrid's state after row `accepted`: anchor + accepted drafts
         request.proposal = Proposal()
         self._commit(request, committed)
+        # after the tokens are appended: the blocks' hashes read them; a hybrid's state after row `accepted`
+        self._commit_rows(request, start)
 
     def _commit(self, request: Request, tokens: list[int]) -> None:
         """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
@@ -482,30 +502,13 @@ class Scheduler:
                 request.finish_reason = FinishReason.LENGTH
                 break
         if config.stop_strings and self.detokenize is not None:
-            self._check_stop_strings(request, len(request.generated) - before)
+            if request.detokenizer is None:
+                request.detokenizer = Detokenizer(self.detokenize, config.stop_strings)
+            text = request.detokenizer.find_stop(request.generated, len(request.generated) - before)
+            if text is not None:
+                request.text, request.finish_reason = text, FinishReason.STOP_STRING
         if request.finish_reason is not None:
             request.status = Status.FINISHED
-
-    def _check_stop_strings(self, request: Request, new: int) -> None:
-        stops = request.config.stop_strings
-        # A stop string not seen before ends in the new tokens' text and starts at most len(stop) characters earlier:
-        # at most 4 tokens a character (byte-level tokens), plus slack for a character split at the window's edge.
-        # Decoding only that tail keeps a long generation linear; the whole text is decoded once a stop string shows.
-        window = new + 4 * max(len(s) for s in stops) + 4
-        if len(request.generated) > window:
-            tail = self.detokenize(request.generated[-window:])
-            if not any(s in tail for s in stops):
-                return
-        text = self.detokenize(request.generated)
-        hits = [i for i in (text.find(s) for s in request.config.stop_strings) if i >= 0]
-        if not hits:
-            return
-        cut = min(hits)
-        # keep the fewest tokens whose text reaches the stop string
-        while len(request.generated) > 1 and len(self.detokenize(request.generated[:-1])) > cut:
-            request.generated.pop()
-        request.text = text[:cut]
-        request.finish_reason = FinishReason.STOP_STRING
 
     # -- draft call -----------------------------------------------------------------------------------------------
 

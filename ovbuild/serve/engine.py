@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ovbuild.errors import OvbuildError, OverloadedError
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.streaming import TextStream
+from ovbuild.runtime.streaming import TextStream, step_until_done
 from ovbuild.serve.metrics import ServeMetrics
 
 log = logging.getLogger("ovbuild.serve")
@@ -88,6 +88,8 @@ class Engine:
         self._lock = threading.Lock()
         self._outstanding = 0
         self._errors = 0
+        self._error: Exception | None = None  # the last step failure, sent to the requests it failed
+        self._stopping = False
         self.stats = self._snapshot()
         self._thread = threading.Thread(target=self._loop, name="ovbuild-engine", daemon=True)
 
@@ -120,19 +122,26 @@ class Engine:
     # -- engine thread ---------------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            if not self._take_commands(block=not self.scheduler.has_unfinished()):
-                break
-            if self.scheduler.has_unfinished():
-                try:
-                    self.scheduler.step()
-                except Exception as e:  # an inference failure must not take the server down: fail this batch
-                    log.exception("engine step failed; aborting the running batch")
-                    self._errors += 1
-                    self._fail_all(e)
+        """Wait for work, then run the step loop (ovbuild.runtime.streaming.step_until_done) until the batch is
+        empty, publishing text and taking commands between steps."""
+        stopping = False
+        while not stopping and self._take_commands(block=True):
+            try:
+                step_until_done(self.scheduler, self._between_steps)
+            except Exception as e:  # an inference failure must not take the server down: fail this batch
+                log.exception("engine step failed; aborting the running batch")
+                self._errors += 1
+                self._error = e
+            stopping = self._stopping
             self._publish()  # also after commands alone: an abort finishes its request without a step
         self.scheduler.abort_all(FinishReason.SHUTDOWN)
         self._publish()
+
+    def _between_steps(self, scheduler: Scheduler) -> bool:
+        """Publish the step's text, take the commands that came in; False once stop() was called."""
+        self._publish()
+        self._stopping = not self._take_commands(block=False)
+        return not self._stopping
 
     def _take_commands(self, block: bool) -> bool:
         """Apply queued submits and aborts; False once stop() was called."""
@@ -180,6 +189,9 @@ class Engine:
                 continue
             if request.generated and ticket.first_token is None:
                 ticket.first_token = now
+            if request.finish_reason is FinishReason.ERROR:  # the step loop failed: the batch gets the error
+                self._end(ticket, Event(error=self._error))
+                continue
             reason = _FINISH_REASONS.get(request.finish_reason, "abort")
             self.metrics.finished(request, reason, ticket.submitted, ticket.first_token, now)
             usage = dict(prompt_tokens=len(request.prompt), completion_tokens=len(request.generated))
@@ -188,12 +200,6 @@ class Engine:
         self.stats = self._snapshot()
         self.metrics.queue(self.stats.running, self.stats.waiting)
         self.metrics.caches(self.scheduler.metrics, {k: c.usage for k, c in self.scheduler.caches.items()})
-
-    def _fail_all(self, error: Exception) -> None:
-        for request in [*self.scheduler.running, *self.scheduler.waiting]:
-            ticket = self._tickets.pop(request.id)
-            self._end(ticket, Event(error=error))
-        self.scheduler.abort_all(FinishReason.ERROR)
 
     def _end(self, ticket: Ticket, event: Event) -> None:
         with self._lock:
