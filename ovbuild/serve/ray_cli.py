@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ovbuild.errors import ConfigError, MissingDependencyError, OvbuildError
 from ovbuild.runtime.pipeline import RuntimeOptions
+from ovbuild.signals import Terminated, sigterm_raises
 
 
 def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
@@ -23,6 +24,7 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
             if folder is not None and not Path(folder).is_dir():
                 raise ConfigError(f"{flag} {folder}: no such folder")
     try:
+        import ray
         from ray import serve
 
         from ovbuild.serve.ray_app import APP_NAME, RayOptions, build_ray_app, start
@@ -54,10 +56,12 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
         file=sys.stderr,
     )
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
+        with sigterm_raises():  # a service manager's SIGTERM cleans up as Ctrl-C does
+            while True:
+                time.sleep(3600)
+    except (KeyboardInterrupt, Terminated):
         pass
     finally:
         serve.delete(APP_NAME)
+        ray.shutdown()  # a local instance stops with it; a cluster keeps running
     return 0
