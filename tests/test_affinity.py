@@ -13,6 +13,8 @@ def test_prompts_sharing_whole_blocks_share_exactly_those_keys():
     a, b = block_keys("0123456789abcdefXYZ", CONFIG), block_keys("0123456789abcdeQ", CONFIG)
     assert len(a) == 2 and len(b) == 2  # the partial third block of `a` gets no key
     assert a[0] == b[0] and a[1] != b[1]  # the second block differs in its last character
+    # a key stands for all the blocks before it too: an equal second block after a different first is another key
+    assert block_keys("AAAAAAAA12345678", CONFIG)[1] != block_keys("BBBBBBBB12345678", CONFIG)[1]
     assert block_keys("0123456", CONFIG) == []  # shorter than a block: nothing a prefix cache could hold
     assert len(block_keys("x" * 100, CONFIG)) == CONFIG.max_blocks
     tokens = list(range(10))

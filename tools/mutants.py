@@ -32,6 +32,7 @@ SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
 UNTAPPED = ("tests/test_untapped.py",)
 NARROW = ("tests/test_narrow_weights.py",)
+AFFINITY = ("tests/test_affinity.py",)
 
 MUTANTS = (
     # -- the bugs issue 20 planted -----------------------------------------------------------------------------------
@@ -601,5 +602,33 @@ MUTANTS = (
         "    copy = model.clone()\n",
         "    copy = model\n",
         NARROW,
+    ),
+    Mutant(
+        "affinity-keys-not-chained",
+        "ovbuild/serve/affinity.py",
+        'chain = hashlib.blake2b(chain + b"\\x00" + block, digest_size=12).digest()',
+        "chain = hashlib.blake2b(block, digest_size=12).digest()",
+        AFFINITY,
+    ),
+    Mutant(
+        "affinity-shortest-owned-prefix",
+        "ovbuild/serve/affinity.py",
+        "        for key in reversed(keys):",
+        "        for key in keys:",
+        AFFINITY,
+    ),
+    Mutant(
+        "affinity-busy-owner-kept",
+        "ovbuild/serve/affinity.py",
+        "    return owner if loads[owner] <= min(loads.values()) + imbalance else None",
+        "    return owner",
+        AFFINITY,
+    ),
+    Mutant(
+        "ray-router-ignores-affinity",
+        "ovbuild/serve/ray_app.py",
+        '        owner = pick(self.table.owner(kwargs.get("affinity") or []), loads, self.imbalance)',
+        "        owner = None",
+        ("tests/test_serve_ray.py",),
     ),
 )
