@@ -1,7 +1,11 @@
-"""The prefix-affinity keys and table of the Ray Serve router, and the per-replica /metrics merge (no Ray needed)."""
+"""The prefix-affinity keys and table of the Ray Serve router, the per-replica /metrics merge, and the checks of
+`ovbuild serve --replicas` made before Ray starts (no Ray needed)."""
 
 from __future__ import annotations
 
+import pytest
+
+from ovbuild.cli import main
 from ovbuild.serve.affinity import AffinityConfig, AffinityTable, block_keys, pick, request_prefix
 from ovbuild.serve.metrics import ServeMetrics
 from ovbuild.serve.ray_metrics import labelled
@@ -63,3 +67,17 @@ def test_metrics_of_replicas_merge_with_a_replica_label():
     assert 'ovbuild_generation_tokens_total{replica="r2"} 5.0' in text
     assert 'ovbuild_generation_tokens_total{replica="r1"} 0.0' in text
     assert text.count("# TYPE ovbuild_generation_tokens_total counter") == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [(["--replicas", "0"], "--replicas"), (["--replicas", "2", "--replica-cpus", "0"], "--replica-cpus")],
+)
+def test_serve_replicas_options_are_refused_before_ray_starts(tmp_path, capsys, extra, named):
+    assert main(["serve", "--target", str(tmp_path), *extra]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_serve_replicas_names_a_missing_folder(tmp_path, capsys):
+    assert main(["serve", "--target", str(tmp_path / "nope"), "--replicas", "2"]) == 2
+    assert f"--target {tmp_path / 'nope'}" in capsys.readouterr().err

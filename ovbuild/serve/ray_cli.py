@@ -9,16 +9,17 @@ import time
 from pathlib import Path
 
 from ovbuild.errors import ConfigError, MissingDependencyError, OvbuildError
-from ovbuild.runtime.pipeline import RuntimeOptions
-from ovbuild.signals import Terminated, sigterm_raises
+from ovbuild.runtime.pipeline import RuntimeOptions, check_options
 
 
 def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
-    """Start (or join) Ray, deploy N engine replicas behind the ingress on host:port, block until Ctrl-C."""
+    """Start (or join) Ray, deploy N engine replicas behind the ingress on host:port; serve until interrupted, then
+    delete the application (and stop the local Ray instance)."""
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be at least 1, got {args.replicas}")
     if not args.replica_cpus > 0:
         raise ConfigError(f"--replica-cpus must be positive, got {args.replica_cpus}")
+    check_options(options, with_draft=args.draft is not None)  # as each replica's Pipeline will, but before Ray
     if args.ray_address is None:  # a local instance: the folders are here (on a cluster they are on the workers)
         for flag, folder in (("--target", args.target), ("--draft", args.draft)):
             if folder is not None and not Path(folder).is_dir():
@@ -55,12 +56,9 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
         f"ovbuild serve: {args.replicas} replicas on Ray Serve at http://{args.host}:{args.port} (Ctrl-C stops)",
         file=sys.stderr,
     )
-    try:
-        with sigterm_raises():  # a service manager's SIGTERM cleans up as Ctrl-C does
-            while True:
-                time.sleep(3600)
-    except (KeyboardInterrupt, Terminated):
-        pass
+    try:  # until Ctrl-C or SIGTERM (ovbuild.cli turns both into exceptions, and its exit code)
+        while True:
+            time.sleep(3600)
     finally:
         serve.delete(APP_NAME)
         ray.shutdown()  # a local instance stops with it; a cluster keeps running
