@@ -188,7 +188,7 @@ def test_a_killed_replica_fails_only_its_requests_with_503_and_is_replaced(clust
                 for i, b in enumerate(bodies)
             ]
             while not any(  # kill it while it runs requests
-                r["replica"] == victim["replica"] and r["running"]
+                r["replica"] == victim["replica"] and r.get("running")
                 for r in (await http.get("/health")).json()["replicas"]
             ):
                 await asyncio.sleep(0.02)
