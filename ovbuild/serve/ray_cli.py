@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ovbuild.errors import ConfigError, MissingDependencyError, OvbuildError
 from ovbuild.runtime.pipeline import RuntimeOptions, check_options
+from ovbuild.signals import sigterm_raises
 
 
 def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
@@ -50,6 +51,9 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
     )
     try:
         start(app, args.host, args.port, args.ray_address)
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:
+        where = f"--ray-address {args.ray_address}" if args.ray_address else "a local Ray instance"
+        raise OvbuildError(f"{where}: cannot connect to the Ray cluster ({type(e).__name__}: {e})") from e
     except RuntimeError as e:  # serve.run: a replica's constructor failed (a bad folder, too little memory, ...)
         raise OvbuildError(f"ovbuild serve --replicas: the replicas did not start: {e}") from e
     print(
@@ -57,8 +61,9 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
         file=sys.stderr,
     )
     try:  # until Ctrl-C or SIGTERM (ovbuild.cli turns both into exceptions, and its exit code)
-        while True:
-            time.sleep(3600)
+        with sigterm_raises():  # ray.init put its own SIGTERM handler in place, which aborts: ours cleans up
+            while True:
+                time.sleep(3600)
     finally:
         serve.delete(APP_NAME)
         ray.shutdown()  # a local instance stops with it; a cluster keeps running
