@@ -67,7 +67,7 @@ def cluster(pair):
     app = build_ray_app(*pair, OPTIONS, MODEL, 64, 256, options)
     port = _free_port()
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         start(app, "127.0.0.1", port, address=None)
         url = f"http://127.0.0.1:{port}"
         _wait_for_replicas(url, 2, timeout=120)

@@ -360,7 +360,8 @@ def app_builder(args: dict):
 def start(app, host: str, port: int, address: str | None, local_cpus: float | None = None) -> None:
     """Connect to the cluster at `address` (None: start a local Ray instance), then deploy the app on Serve's HTTP
     proxy at host:port."""
+    # "local": a new instance, never a cluster that RAY_ADDRESS or an earlier `ray start` on this machine names
     if not ray.is_initialized():
-        ray.init(address=address, num_cpus=local_cpus if address is None else None)
+        ray.init(address=address or "local", num_cpus=local_cpus if address is None else None)
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name=APP_NAME, route_prefix="/")
