@@ -1,7 +1,11 @@
-"""The prefix-affinity keys and table of the Ray Serve router, and the per-replica /metrics merge (no Ray needed)."""
+"""The prefix-affinity keys and table of the Ray Serve router, the per-replica /metrics merge, and the checks of
+`ovbuild serve --replicas` made before Ray starts (no Ray needed)."""
 
 from __future__ import annotations
 
+import pytest
+
+from ovbuild.cli import main
 from ovbuild.serve.affinity import AffinityConfig, AffinityTable, block_keys, pick, request_prefix
 from ovbuild.serve.metrics import ServeMetrics
 from ovbuild.serve.ray_metrics import labelled
@@ -13,6 +17,8 @@ def test_prompts_sharing_whole_blocks_share_exactly_those_keys():
     a, b = block_keys("0123456789abcdefXYZ", CONFIG), block_keys("0123456789abcdeQ", CONFIG)
     assert len(a) == 2 and len(b) == 2  # the partial third block of `a` gets no key
     assert a[0] == b[0] and a[1] != b[1]  # the second block differs in its last character
+    # a key stands for all the blocks before it too: an equal second block after a different first is another key
+    assert block_keys("AAAAAAAA12345678", CONFIG)[1] != block_keys("BBBBBBBB12345678", CONFIG)[1]
     assert block_keys("0123456", CONFIG) == []  # shorter than a block: nothing a prefix cache could hold
     assert len(block_keys("x" * 100, CONFIG)) == CONFIG.max_blocks
     tokens = list(range(10))
@@ -61,3 +67,17 @@ def test_metrics_of_replicas_merge_with_a_replica_label():
     assert 'ovbuild_generation_tokens_total{replica="r2"} 5.0' in text
     assert 'ovbuild_generation_tokens_total{replica="r1"} 0.0' in text
     assert text.count("# TYPE ovbuild_generation_tokens_total counter") == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [(["--replicas", "0"], "--replicas"), (["--replicas", "2", "--replica-cpus", "0"], "--replica-cpus")],
+)
+def test_serve_replicas_options_are_refused_before_ray_starts(tmp_path, capsys, extra, named):
+    assert main(["serve", "--target", str(tmp_path), *extra]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_serve_replicas_names_a_missing_folder(tmp_path, capsys):
+    assert main(["serve", "--target", str(tmp_path / "nope"), "--replicas", "2"]) == 2
+    assert f"--target {tmp_path / 'nope'}" in capsys.readouterr().err

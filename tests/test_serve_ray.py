@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 MODEL = "demo"
 PROMPTS = ["def add(a, b):", "import os\n", "class Stack:", "for i in range(", "    return ", "x = [1, 2,"]
 # Long enough for several affinity blocks of text (AffinityConfig: 32 tokens * 4 characters each).
+PREFIX_HITS = "ovbuild_prefix_cache_hits_total"  # context tokens a replica found in its prefix cache, if it has one
 # Small caches, and no copies compiled per row count (26 s of compiling on one thread): replicas start in seconds.
 # The single-process server runs with the same options, so answers must be equal.
 OPTIONS = RuntimeOptions(
@@ -66,7 +67,7 @@ def cluster(pair):
     app = build_ray_app(*pair, OPTIONS, MODEL, 64, 256, options)
     port = _free_port()
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         start(app, "127.0.0.1", port, address=None)
         url = f"http://127.0.0.1:{port}"
         _wait_for_replicas(url, 2, timeout=120)
@@ -142,6 +143,7 @@ def test_a_conversation_stays_on_one_replica(cluster, single):
     for c in range(3):
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"conversation {c}: hello"}]
         before = _metric(cluster, "ovbuild_request_success_total")
+        hits_before = _metric(cluster, PREFIX_HITS)
         replicas = []
         for turn in range(4):
             answer = _ask(cluster, "/v1/chat/completions", {"messages": messages, "max_tokens": 8})
@@ -158,10 +160,9 @@ def test_a_conversation_stays_on_one_replica(cluster, single):
         after = _metric(cluster, "ovbuild_request_success_total")
         served = {r: after.get(r, 0) - before.get(r, 0) for r in after}
         assert served[replicas[0]] == 4, served
-        # The prefix cache's hit counter, where the engine has one, counts this conversation's later turns.
-        hits = _metric(cluster, "ovbuild_prefix_cache_hits_total")
-        if hits:
-            assert hits[replicas[0]] > 0
+        # Where the engine has a prefix cache, its replica found this conversation's earlier turns in it.
+        if hits := _metric(cluster, PREFIX_HITS):
+            assert hits[replicas[0]] > hits_before.get(replicas[0], 0.0), (hits_before, hits)
 
 
 def test_metrics_and_health_cover_every_replica(cluster):
@@ -174,15 +175,20 @@ def test_metrics_and_health_cover_every_replica(cluster):
 
 
 def test_a_killed_replica_fails_only_its_requests_with_503_and_is_replaced(cluster, single):
+    """Streamed and whole answers: each is right, or a 503 (a stream already started ends with that error event, its
+    text so far a prefix of the right one)."""
     bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 100, "ignore_eos": True} for i in range(16)]
     expected = {b["prompt"]: _ask(single, "/v1/completions", b).json()["choices"][0]["text"] for b in bodies[:6]}
     victim = _wait_for_replicas(cluster, 2, timeout=30)["replicas"][0]
 
     async def load() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=cluster, timeout=120) as http:
-            calls = [asyncio.create_task(http.post("/v1/completions", json={"model": MODEL, **b})) for b in bodies]
+            calls = [
+                asyncio.create_task(http.post("/v1/completions", json={"model": MODEL, "stream": i % 2 == 1, **b}))
+                for i, b in enumerate(bodies)
+            ]
             while not any(  # kill it while it runs requests
-                r["replica"] == victim["replica"] and r["running"]
+                r["replica"] == victim["replica"] and r.get("running")
                 for r in (await http.get("/health")).json()["replicas"]
             ):
                 await asyncio.sleep(0.02)
@@ -190,13 +196,26 @@ def test_a_killed_replica_fails_only_its_requests_with_503_and_is_replaced(clust
             return await asyncio.gather(*calls)
 
     answers = asyncio.run(load())
-    statuses = [a.status_code for a in answers]
-    assert set(statuses) == {200, 503}, statuses
-    for body, answer in zip(bodies, answers, strict=True):
+    lost = 0
+    for i, (body, answer) in enumerate(zip(bodies, answers, strict=True)):
+        right = expected[body["prompt"]]
         if answer.status_code == 503:
             assert answer.json()["error"]["code"] == "replica_lost"
+            lost += 1
+            continue
+        assert answer.status_code == 200, answer.text
+        if i % 2 == 0:
+            assert answer.json()["choices"][0]["text"] == right
+            continue
+        events = [line[len("data: ") :] for line in answer.text.splitlines() if line.startswith("data: ")]
+        chunks = [httpx.Response(200, content=e).json() for e in events if e != "[DONE]"]
+        text = "".join(c["choices"][0]["text"] for c in chunks if "choices" in c)
+        if events[-1] == "[DONE]":
+            assert text == right
         else:
-            assert answer.json()["choices"][0]["text"] == expected[body["prompt"]]
+            assert chunks[-1]["error"]["code"] == "replica_lost" and right.startswith(text)
+            lost += 1
+    assert 0 < lost < len(bodies)
     # New requests go to the live replica while Ray starts a new one, then to both.
     for body in bodies[:6]:
         answer = _ask(cluster, "/v1/completions", body)

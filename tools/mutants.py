@@ -34,6 +34,7 @@ UNTAPPED = ("tests/test_untapped.py",)
 PREFIX = ("tests/test_kv_cache.py", "tests/test_prefix_caching.py", "tests/test_hybrid_prefix_caching.py")
 NARROW = ("tests/test_narrow_weights.py",)
 MOE = ("tests/test_moe.py",)
+AFFINITY = ("tests/test_affinity.py",)
 
 MUTANTS = (
     # -- the first planted bugs: graph builders, references, RoPE, cache layout, scheduler -----------------------------
@@ -674,5 +675,32 @@ MUTANTS = (
         "        return merged_key(r, nested, name)\n",
         "        return r\n",
         ("tests/test_minicpmv.py",),
+    Mutant(
+        "affinity-keys-not-chained",
+        "ovbuild/serve/affinity.py",
+        'chain = hashlib.blake2b(chain + b"\\x00" + block, digest_size=12).digest()',
+        "chain = hashlib.blake2b(block, digest_size=12).digest()",
+        AFFINITY,
+    ),
+    Mutant(
+        "affinity-shortest-owned-prefix",
+        "ovbuild/serve/affinity.py",
+        "        for key in reversed(keys):",
+        "        for key in keys:",
+        AFFINITY,
+    ),
+    Mutant(
+        "affinity-busy-owner-kept",
+        "ovbuild/serve/affinity.py",
+        "    return owner if loads[owner] <= min(loads.values()) + imbalance else None",
+        "    return owner",
+        AFFINITY,
+    ),
+    Mutant(
+        "ray-router-ignores-affinity",
+        "ovbuild/serve/ray_app.py",
+        '        owner = pick(self.table.owner(kwargs.get("affinity") or []), loads, self.imbalance)',
+        "        owner = None",
+        ("tests/test_serve_ray.py",),
     ),
 )

@@ -229,22 +229,24 @@ class Ingress:
             await self.engines.health.remote()
         return sorted(affinity.LIVE_REPLICAS.get(self.app_name, ()))
 
-    async def _gather(self, method: str) -> list:
-        """One call of `method` on each live replica, in turn: calls made within one HTTP request share its internal
-        request id, by which Ray Serve's router pairs a chosen replica with its waiting call, so at once they would
-        be paired wrongly. A replica that does not answer in time is left out."""
-        answers = []
+    async def _gather(self, method: str) -> dict[str, object]:
+        """{replica id: its answer to `method`, None if it did not answer in time or is gone}, every live replica
+        called in turn: calls made within one HTTP request share its internal request id, by which Ray Serve's router
+        pairs a chosen replica with its waiting call, so at once they would be paired wrongly."""
+        answers: dict[str, object] = {}
         for rid in await self._replicas():
+            answers[rid] = None
             with contextlib.suppress(asyncio.TimeoutError, *REPLICA_LOST):
-                answers.append(
-                    await asyncio.wait_for(_await(getattr(self.engines, method).remote(replica=rid)), _GATHER_TIMEOUT_S)
-                )
+                call = getattr(self.engines, method).remote(replica=rid)
+                answers[rid] = await asyncio.wait_for(_await(call), _GATHER_TIMEOUT_S)
         return answers
 
     async def _health(self) -> Response:
-        replicas = {h["replica"]: h for h in await self._gather("health")}
-        ok = bool(replicas) and all(h["status"] == "ok" for h in replicas.values())
-        body = {"status": "ok" if ok else "degraded", "replicas": list(replicas.values())}
+        """200 when every live replica answers healthy; each replica's id, process, node, status and counters."""
+        answers = await self._gather("health")
+        replicas = [h if h is not None else {"replica": rid, "status": "unreachable"} for rid, h in answers.items()]
+        ok = bool(replicas) and all(h["status"] == "ok" for h in replicas)
+        body = {"status": "ok" if ok else "degraded", "replicas": replicas}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def _metrics(self) -> Response:
@@ -252,7 +254,7 @@ class Ingress:
 
         from ovbuild.serve.ray_metrics import labelled
 
-        texts = dict(await self._gather("metrics"))
+        texts = dict(answer for answer in (await self._gather("metrics")).values() if answer is not None)
         return Response(labelled(texts), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -358,7 +360,8 @@ def app_builder(args: dict):
 def start(app, host: str, port: int, address: str | None, local_cpus: float | None = None) -> None:
     """Connect to the cluster at `address` (None: start a local Ray instance), then deploy the app on Serve's HTTP
     proxy at host:port."""
+    # "local": a new instance, never a cluster that RAY_ADDRESS or an earlier `ray start` on this machine names
     if not ray.is_initialized():
-        ray.init(address=address, num_cpus=local_cpus if address is None else None)
+        ray.init(address=address or "local", num_cpus=local_cpus if address is None else None)
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name=APP_NAME, route_prefix="/")
