@@ -675,6 +675,8 @@ MUTANTS = (
         "        return merged_key(r, nested, name)\n",
         "        return r\n",
         ("tests/test_minicpmv.py",),
+    ),
+    # -- Ray Serve affinity -----------------------------------------------------------------------------------------
     Mutant(
         "affinity-keys-not-chained",
         "ovbuild/serve/affinity.py",
