@@ -5,12 +5,21 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import pytest
+from openvino import opset16
 
 from ovbuild.graph.conv import block_row_index, grouped_dynamic_conv, tap_masks
-from ovbuild.graph.ops import parameter, result
+from ovbuild.graph.ops import result
 from ovbuild.ir import core
 from ovbuild.reference.dflash2 import grouped_dynamic_conv as conv_loop
 from ovbuild.testing import F32_NMSE, nmse
+
+
+def bare_input(name: str, shape: list[int], dtype: ov.Type) -> ov.Node:
+    """An input of a test subgraph (not an IR port): its tensor named as its friendly name."""
+    p = opset16.parameter(shape, dtype, name=name)
+    p.output(0).set_names({name})
+    return p
+
 
 HIDDEN, GROUP_SIZE = 64, 16
 GROUPS = HIDDEN // GROUP_SIZE
@@ -21,10 +30,10 @@ LAYOUT = [(0, 5), (3, 1), (4, 0), (0, 8), (2, 3), (0, 2)]
 
 def conv_model(base: np.ndarray) -> ov.CompiledModel:
     k = base.shape[0]
-    z = parameter("z", [-1, HIDDEN], ov.Type.f32)
-    dyn = parameter("dyn", [-1, k, GROUPS], ov.Type.f32)
-    token_type_ids = parameter("token_type_ids", [-1], ov.Type.i32)
-    begins = parameter("subsequence_begins", [-1], ov.Type.i32)
+    z = bare_input("z", [-1, HIDDEN], ov.Type.f32)
+    dyn = bare_input("dyn", [-1, k, GROUPS], ov.Type.f32)
+    token_type_ids = bare_input("token_type_ids", [-1], ov.Type.i32)
+    begins = bare_input("subsequence_begins", [-1], ov.Type.i32)
     masks = tap_masks(block_row_index(token_type_ids.output(0), begins.output(0)), k)
     out = grouped_dynamic_conv(z.output(0), dyn.output(0), base, masks, GROUP_SIZE, "conv")
     model = ov.Model([result(out, "out")], [z, dyn, token_type_ids, begins], "conv")
@@ -67,8 +76,8 @@ def test_packed_conv_matches_plain_loop_per_block(k):
 
 
 def test_block_row_index_restarts_per_block_and_is_negative_on_context_rows():
-    tt = parameter("token_type_ids", [-1], ov.Type.i32)
-    begins = parameter("subsequence_begins", [-1], ov.Type.i32)
+    tt = bare_input("token_type_ids", [-1], ov.Type.i32)
+    begins = bare_input("subsequence_begins", [-1], ov.Type.i32)
     graph = ov.Model([result(block_row_index(tt.output(0), begins.output(0)), "index")], [tt, begins], "index")
     inputs = packed_inputs(LAYOUT, 1, np.random.default_rng(0))
     got = core().compile_model(graph, "CPU")(

@@ -6,14 +6,23 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import pytest
+from openvino import opset16
 
 from ovbuild.graph.gated_delta import delta_rule_loop
 from ovbuild.graph.gated_delta_chunked import delta_rule_chunked
-from ovbuild.graph.ops import parameter, result
+from ovbuild.graph.ops import result
 from ovbuild.graph.step_grid import step_grid
 from ovbuild.ir import core
 from ovbuild.reference.gated_delta import delta_rule_recurrent
 from ovbuild.testing import F32_NMSE, nmse
+
+
+def bare_input(name: str, shape: list[int], dtype: ov.Type) -> ov.Node:
+    """An input of a test subgraph (not an IR port): its tensor named as its friendly name."""
+    p = opset16.parameter(shape, dtype, name=name)
+    p.output(0).set_names({name})
+    return p
+
 
 HEADS, DK, DV = 3, 8, 6
 GARBAGE = {"q": 7.0, "k": 7.0, "v": 7.0, "g": 50.0, "beta": 0.9}  # past a sequence's end: must never be read
@@ -21,13 +30,13 @@ GARBAGE = {"q": 7.0, "k": 7.0, "v": 7.0, "g": 50.0, "beta": 0.9}  # past a seque
 
 def compiled(chunk: int) -> ov.CompiledModel:
     """The rule on [S, L] grid inputs (chunk 0: the per-row Loop); outputs gathered back to packed rows."""
-    q, k = (parameter(n, [-1, -1, HEADS, DK], ov.Type.f32) for n in "qk")
-    v = parameter("v", [-1, -1, HEADS, DV], ov.Type.f32)
-    g, beta = (parameter(n, [-1, -1, HEADS], ov.Type.f32) for n in ("g", "beta"))
-    state = parameter("state", [-1, HEADS, DK, DV], ov.Type.f32)
-    begins = parameter("subsequence_begins", [-1], ov.Type.i32)
-    rows = parameter("rows", [-1], ov.Type.i64)
-    state_rows = parameter("state_rows", [-1], ov.Type.i64)
+    q, k = (bare_input(n, [-1, -1, HEADS, DK], ov.Type.f32) for n in "qk")
+    v = bare_input("v", [-1, -1, HEADS, DV], ov.Type.f32)
+    g, beta = (bare_input(n, [-1, -1, HEADS], ov.Type.f32) for n in ("g", "beta"))
+    state = bare_input("state", [-1, HEADS, DK, DV], ov.Type.f32)
+    begins = bare_input("subsequence_begins", [-1], ov.Type.i32)
+    rows = bare_input("rows", [-1], ov.Type.i64)
+    state_rows = bare_input("state_rows", [-1], ov.Type.i64)
     grid = step_grid(begins.output(0), state_rows.output(0), rows.output(0))
     args = (q.output(0), k.output(0), v.output(0), g.output(0), beta.output(0), state.output(0), grid, "test")
     out, states = delta_rule_chunked(*args, chunk=chunk) if chunk else delta_rule_loop(*args)

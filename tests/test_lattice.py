@@ -8,13 +8,22 @@ import numpy as np
 import openvino as ov
 import openvino.opset16 as ops
 import pytest
+from openvino import opset16
 
 from ovbuild.graph.lattice import packed_topk_lattice
-from ovbuild.graph.ops import i64, parameter, result
+from ovbuild.graph.ops import i64, result
 from ovbuild.ir import core
 from ovbuild.reference.dflash2 import greedy_walk as reference_walk
 from ovbuild.runtime.lattice import greedy_walk
 from ovbuild.testing import F32_NMSE, nmse
+
+
+def bare_input(name: str, shape: list[int], dtype: ov.Type) -> ov.Node:
+    """An input of a test subgraph (not an IR port): its tensor named as its friendly name."""
+    p = opset16.parameter(shape, dtype, name=name)
+    p.output(0).set_names({name})
+    return p
+
 
 VOCAB, RANK, TOP_K = 50, 4, 5
 COUNTS = [0, 3, 1, 0, 4, 2]  # candidate rows per sequence: empty sequences first, in the middle and next to others
@@ -26,9 +35,9 @@ def begins_of(counts) -> np.ndarray:
 
 def toy_head(w1: np.ndarray, w2: np.ndarray, dense_first_row: bool) -> ov.CompiledModel:
     """Vanilla Markov transition <W1[pred], W2[cand]>; with dense_first_row, W2 W1[anchor] is added over the vocab."""
-    unary = parameter("logits", [-1, VOCAB], ov.Type.f32)
-    prev = parameter("prev_token_ids", [-1], ov.Type.i64)
-    begins = parameter("candidate_begins", [-1], ov.Type.i32)
+    unary = bare_input("logits", [-1, VOCAB], ov.Type.f32)
+    prev = bare_input("prev_token_ids", [-1], ov.Type.i64)
+    begins = bare_input("candidate_begins", [-1], ov.Type.i32)
     c1, c2 = ops.constant(w1), ops.constant(w2)
 
     def transition(pred, cand):
