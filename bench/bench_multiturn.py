@@ -32,7 +32,7 @@ from ovbuild.export import export
 from ovbuild.runtime.pipeline import FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 
-from harness import Measured, add_arguments, ratio_of, start
+import harness
 
 MATH, KV = "f32", "f16"
 USER_TOKENS, ANSWER_TOKENS = 40, 48
@@ -47,7 +47,7 @@ class Workload:
         self.systems = [rng.integers(low, vocab, system_tokens).tolist() for _ in range(conversations)]
         self.users = [[rng.integers(low, vocab, USER_TOKENS).tolist() for _ in range(turns)] for _ in self.systems]
 
-    def run(self, answer_turn) -> Measured:
+    def run(self, answer_turn) -> harness.Measured:
         """Every turn of every conversation through `answer_turn(prompts) -> (answers, ttfts)`; returns the seconds
         of all turns and (answers per turn, mean TTFT per turn or None)."""
         histories = [list(system) for system in self.systems]
@@ -60,7 +60,7 @@ class Workload:
             answers.append(tokens)
             ttfts.append(ttft)
             histories = [p + t for p, t in zip(prompts, tokens, strict=True)]
-        return Measured(seconds, (answers, ttfts))
+        return harness.Measured(seconds, (answers, ttfts))
 
 
 class Cases:
@@ -117,12 +117,12 @@ def scheduler_config(prefix_caching: bool) -> genai.SchedulerConfig:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser, rounds=3)
+    harness.add_arguments(parser, rounds=3)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--system-tokens", type=int, default=1500)
     parser.add_argument("--conversations", type=int, default=4)
     args = parser.parse_args()
-    start(__doc__.splitlines()[0])
+    harness.start(__doc__.splitlines()[0])
     with tempfile.TemporaryDirectory(prefix="ovbuild_multiturn_") as tmp:
         tmp = Path(tmp)
         target_ckpt, draft_ckpt = shipped_pair()
@@ -161,7 +161,7 @@ def main() -> None:
         base = "GenAI CB, prefix caching"
         width = max(len(n) for n in runs)
         for name in runs:
-            ratio = ratio_of(seconds[base], seconds[name])
+            ratio = harness.ratio_of(seconds[base], seconds[name])
             print(f"  {name:<{width}}  {statistics.median(seconds[name]):8.2f} s   {base} / this {ratio}")
         print("\n  ovbuild time to first token per turn, ms (mean of the turn's requests, median over rounds):")
         names = [n for n in runs if n.startswith("ovbuild")]

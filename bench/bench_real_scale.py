@@ -43,7 +43,7 @@ from ovbuild.runtime.speculation import Speculation
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tokenizer import write_tokenizer
 
-from harness import add_arguments, interleave, require_equal, start
+import harness
 from shapes import QWEN3_4B, QWEN3_4B_DFLASH_B16, write_draft, write_target
 
 PUBLISHED_TAUS = (3.4, 5.6, 6.7, 8.2)  # z-lab/Qwen3-4B-DFlash-b16: MT-Bench, MBPP, HumanEval, MATH-500
@@ -169,8 +169,8 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
     serving.alone(prompts)  # the truths the steered drafter proposes from
     cases = {"alone": lambda: serving.alone(prompts)}
     cases |= {f"tau {tau}": (lambda tau=tau: serving.speculative(prompts, tau)) for tau in args.taus}
-    rounds = interleave(cases, args.rounds, seed=args.seed)
-    require_equal(rounds.outputs, "alone")
+    rounds = harness.interleave(cases, args.rounds, seed=args.seed)
+    harness.require_equal(rounds.outputs, "alone")
     tokens = n * args.new_tokens
     figures = implied(serving.pipeline, n, args.taus, args.prompt_tokens, args.rounds) if args.cost_model else {}
     print(f"\n{n} request{'s' if n > 1 else ''} at once, {args.new_tokens} new tokens each, {args.rounds} rounds:")
@@ -212,7 +212,9 @@ def against_genai(pipeline: Pipeline, genai_dir: Path, args, rng) -> None:
     def genai_llm() -> list[int]:
         return list(llm.generate(ov.Tensor(np.array([prompt], np.int64)), config).tokens[0])
 
-    rounds = interleave({"ovbuild alone": ovbuild_alone, "GenAI LLMPipeline": genai_llm}, args.rounds, args.seed)
+    rounds = harness.interleave(
+        {"ovbuild alone": ovbuild_alone, "GenAI LLMPipeline": genai_llm}, args.rounds, args.seed
+    )
     same = rounds.outputs["ovbuild alone"] == rounds.outputs["GenAI LLMPipeline"]
     ratio = rounds.ratio("GenAI LLMPipeline", "ovbuild alone")
     print(f"\ntarget alone against GenAI LLMPipeline, one request, {args.new_tokens} new tokens, {args.rounds} rounds:")
@@ -223,7 +225,7 @@ def against_genai(pipeline: Pipeline, genai_dir: Path, args, rng) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, rounds=3)
+    harness.add_arguments(parser, rounds=3)
     parser.add_argument("--workdir", default="/tmp/ovbuild_real_scale", help="checkpoints and exports, kept")
     parser.add_argument("--weight-format", default="int8")
     parser.add_argument("--inference-precision", default="f32", help="target math on both sides (f32 = exact)")
@@ -237,7 +239,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="a small pair of the same vocabulary (checks the script)")
     args = parser.parse_args()
     args.taus = [float(t) for t in args.taus.split(",")]
-    start("bench_real_scale: Qwen3-4B-shaped target + z-lab/Qwen3-4B-DFlash-b16-shaped draft, random weights; "
+    harness.start("bench_real_scale: Qwen3-4B-shaped target + z-lab/Qwen3-4B-DFlash-b16-shaped draft, random weights; "
           "ACCEPTANCE IS SET (SteeredDrafter), NOT EARNED")  # fmt: skip
     print(
         f"target {QWEN3_4B['num_hidden_layers']} layers x {QWEN3_4B['hidden_size']}, draft "
