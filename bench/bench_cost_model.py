@@ -20,7 +20,7 @@ The calls in these formulas are timed in rounds (bench/harness.py), each round r
 full-block step and every tau's planned step in a new order, so that a busy moment of a shared machine hits all of
 them; `before`, `after` and `after / before` are medians of per-round ratios.
 
-`--shape qwen3.5-moe-scaled` runs it with a mixture-of-experts target (bench/bench_moe.py: QWEN35_MOE_SCALED,
+`--shape qwen3.5-moe-scaled` runs it with a mixture-of-experts target (bench/shapes.py: QWEN35_MOE_SCALED,
 Qwen3.5-35B-A3B's 256 experts, 8 per token, at half its hidden and expert widths, 4 layers) and a DFlash draft for it,
 at the upstream DSpark figure of 9.9 tokens per step (MiniCPM-V-4.7-35B-A3B-DSpark), host time on the tiny MoE pair.
 
@@ -28,13 +28,23 @@ at the upstream DSpark figure of 9.9 tokens per step (MiniCPM-V-4.7-35B-A3B-DSpa
 pattern and head widths scaled to this machine) and a DFlash draft for it, the host time taken on the tiny hybrid
 pair; the verification calls then report the linear-attention states after every row, as the scheduler's do.
 
+`--moe-designs` instead times the MoE MLP's routing designs side by side (ovbuild/graph/moe.py, docs/moe.md): one
+Qwen3.5-35B-A3B-style layer (bench/shapes.py: MOE_SPEC, 256 experts, 8 per token, hidden 1024, experts and shared
+expert of 256; `--moe-shrink N` divides the expert count and widths by N for a quick check), f32 math, the IR's own
+weight format (int8 per channel, or int4 in groups of 128), on packed decode (1 and 4 sequences x 1 row),
+verification (1 x 16, 4 x 5 rows) and a 128-row prefill chunk: median ms over interleaved rounds (every design and
+row count once per round), dense / gather taken within rounds. The gather design's 128-row call holds
+several GB at full widths (peak RSS 6.3 GB with 32 experts of 256); `--moe-shrink 4` peaks at 1.7 GB.
+
     python bench/bench_cost_model.py [--shape qwen3-4b|qwen3.6-scaled|qwen3.5-moe-scaled] [--weight-format int8]
                                      [--requests 1,4] [--workdir DIR]
+    python bench/bench_cost_model.py --moe-designs [--weight-format int8|int4] [--moe-shrink 1] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import shutil
 import statistics
@@ -42,11 +52,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import openvino as ov
+from openvino import opset16
 
 from ovbuild.families import load_draft
+from ovbuild.graph.context import BuildContext
 from ovbuild.graph.dflash import build_dflash_draft
+from ovbuild.graph.moe import MOE_DESIGNS, moe_mlp
+from ovbuild.graph.ops import result
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
@@ -59,10 +75,22 @@ from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
 from ovbuild.testing.tiny_moe import write_tiny_moe_target
 from ovbuild.weights.checkpoint import Checkpoint
+from ovbuild.weights.moe import MoeSpec
+from ovbuild.weights.tensor_names import WeightSource
 
 import harness
-from bench_moe import QWEN35_MOE_SCALED_DFLASH, write_moe_target
-from shapes import QWEN3_4B_DFLASH_B16, QWEN36_SCALED_DFLASH, write_draft, write_hybrid_target, write_target
+from shapes import (
+    MOE_HIDDEN,
+    MOE_SPEC,
+    QWEN3_4B_DFLASH_B16,
+    QWEN35_MOE_SCALED_DFLASH,
+    QWEN36_SCALED_DFLASH,
+    write_draft,
+    write_hybrid_target,
+    write_moe_layer,
+    write_moe_target,
+    write_target,
+)
 
 TAUS = (5.4, 3.1)  # DFlash on Qwen3-4B, GSM8K and MT-Bench (DSpark paper, table 1)
 BLOCK = QWEN3_4B_DFLASH_B16["dflash_config"]["block_size"]
@@ -85,6 +113,8 @@ SHAPES = {
     ),
 }
 SHAPE_TAUS = {"qwen3.5-moe-scaled": (9.9,)}  # MiniCPM-V-4.7-35B-A3B-DSpark's published tokens per step
+# --moe-designs: rows of one call (sequences x rows each)
+MOE_ROWS = {"decode 1 x 1": 1, "decode 4 x 1": 4, "verify 1 x 16": 16, "verify 4 x 5": 20, "prefill 1 x 128": 128}
 
 
 def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -255,8 +285,13 @@ def main() -> None:
     parser.add_argument("--tau-context", type=int, default=4, help="context rows per sequence in a draft call")
     parser.add_argument("--target-precision", default="f32", help="target inference precision (f32 = exact)")
     parser.add_argument("--workdir", help="keep the random checkpoints here (default: a temporary folder)")
+    parser.add_argument("--moe-designs", action="store_true", help="time the MoE routing designs on one layer")
+    parser.add_argument("--moe-shrink", type=int, default=1, help="--moe-designs: divide experts and widths by this")
     harness.add_arguments(parser, rounds=5)
     args = parser.parse_args()
+    if args.moe_designs:
+        moe_designs(args)
+        return
     root = Path(args.workdir or tempfile.mkdtemp(prefix="ovbuild_cost_"))
     rng = np.random.default_rng(0)
     harness.start("Cost model at real scale: a speculative step against a plain decode step")
@@ -365,6 +400,58 @@ def print_table(results: list[list[dict]]) -> None:
             f"{row['plan_ms']:>8.3f} {row['before']:>7.2f}x {row['after']:>7.2f}x {row['gain']:>12.2f}x "
             f"{row['floor']:>7.2f}x"
         )
+
+
+def compile_moe_design(weights: WeightSource, spec: MoeSpec, design: str, policy: WeightPolicy) -> ov.CompiledModel:
+    """One MoE MLP (layer 0 of `weights`) alone, routed by `design`, compiled with f32 math."""
+    x = opset16.parameter([-1, MOE_HIDDEN], ov.Type.f32, name="x")  # [T, H]: a bare layer, no IR port
+    ctx = BuildContext(SimpleNamespace(hidden_size=MOE_HIDDEN), weights, policy, None, None)
+    model = ov.Model([result(moe_mlp(ctx, 0, x.output(0), spec, design), "y")], [x], f"moe_{design}")
+    return ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+
+def moe_designs(args) -> None:
+    """--moe-designs: every routing design on every row count of MOE_ROWS, in interleaved rounds; one table."""
+    if args.weight_format not in ("int8", "int4"):
+        raise SystemExit(f"--moe-designs times int8 or int4 experts, not {args.weight_format!r}")
+    n = args.moe_shrink
+    spec = dataclasses.replace(
+        MOE_SPEC,
+        num_experts=max(MOE_SPEC.top_k, MOE_SPEC.num_experts // n),
+        expert_intermediate_size=MOE_SPEC.expert_intermediate_size // n,
+        shared_intermediate_size=MOE_SPEC.shared_intermediate_size // n,
+    )
+    harness.start(
+        f"MoE routing designs: one Qwen3.5-35B-A3B-style layer, {spec.num_experts} experts of "
+        f"{spec.expert_intermediate_size} (shared {spec.shared_intermediate_size}), {spec.top_k} per token, "
+        f"hidden {MOE_HIDDEN}"
+    )
+    # int4 groups of 128, or of the whole width when --moe-shrink makes it narrower (a group must divide it)
+    policy = WeightPolicy(args.weight_format, sym=False, group_size=min(128, spec.shared_intermediate_size))
+    with tempfile.TemporaryDirectory(prefix="ovbuild_moe_") as tmp:
+        start = time.perf_counter()
+        weights = write_moe_layer(Path(tmp), spec)
+        requests = {d: compile_moe_design(weights, spec, d, policy).create_infer_request() for d in MOE_DESIGNS}
+        print(f"layer written, built and compiled in {time.perf_counter() - start:.0f} s", flush=True)
+        rng = np.random.default_rng(1)
+        inputs = {name: rng.standard_normal((rows, MOE_HIDDEN)).astype(np.float32) for name, rows in MOE_ROWS.items()}
+
+        def call(design: str, x: np.ndarray) -> np.ndarray:
+            return requests[design].infer([x])[0].copy()  # the request reuses its output buffer on the next call
+
+        cases = {(name, d): functools.partial(call, d, x) for name, x in inputs.items() for d in MOE_DESIGNS}
+        rounds = harness.interleave(cases, args.rounds, seed=args.seed)  # the warm-up call compiles every shape
+    # the same function by different ops, so not bit-equal: their largest difference is reported
+    agree = max(
+        float(np.abs(rounds.outputs[(name, "dense")] - rounds.outputs[(name, "gather")]).max()) for name in MOE_ROWS
+    )
+    print(
+        f"\n{args.weight_format} experts; median ms over {args.rounds} rounds; designs agree to {agree:.1e} (max abs)"
+    )
+    print(f"{'rows':<18}" + "".join(f"{d:>10}" for d in MOE_DESIGNS) + f"{'dense / gather':>16}")
+    for name in MOE_ROWS:
+        med = "".join(f"{rounds.median((name, d)) * 1e3:>10.2f}" for d in MOE_DESIGNS)
+        print(f"{name:<18}{med}{rounds.ratio((name, 'dense'), (name, 'gather')).median:>16.2f}")
 
 
 if __name__ == "__main__":

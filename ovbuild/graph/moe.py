@@ -4,7 +4,7 @@
       ─ renormalise ─ w [T, k]
     out = Σ_k w · down_e(silu(gate_e x) · up_e x)  +  sigmoid(shared_expert_gate · x) · shared_expert(x)
 
-Two ways to run the routed experts (measured in docs/moe.md, `bench/bench_moe.py`):
+Two ways to run the routed experts (measured in docs/moe.md, `bench/bench_cost_model.py --moe-designs`):
 
 - "dense": every expert on every row as two compressed FullyConnected calls over all experts, the routing weights
   (zero for experts not chosen) applied between them: gate_up [E·2I, H] then down [H, E·I]. Reads every expert's
