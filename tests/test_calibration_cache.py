@@ -69,14 +69,19 @@ def test_a_second_pipeline_reuses_the_calibration_and_plans_from_the_same_costs(
 
 def test_recalibrate_times_again_and_replaces_the_entry(folders, tmp_path, monkeypatch):
     monkeypatch.setenv("OVBUILD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibration, "STALE_FACTOR", 1e9)  # the entry passes its check: only recalibrate refuses it
     Pipeline(*folders).generate(PROMPTS, 4)
     [entry] = entries(tmp_path)
-    entry.write_text(json.dumps({"target": [[r, 1.0] for r in CALIBRATION_ROWS], "draft": [[1, 1.0]]}))
+    marked = {name: [[r, 1.0 + r] for r in CALIBRATION_ROWS] for name in ("target", "draft")}  # valid, and known
+    entry.write_text(json.dumps(marked))
     again = Pipeline(*folders, RuntimeOptions(recalibrate=True))
+    timed_again, real = [], again.speculation.calibrate
+    monkeypatch.setattr(again.speculation, "calibrate", lambda *a: (timed_again.append(True), real(*a)))
     _, m = again.generate(PROMPTS, 4)
-    assert m.calibration_s > 0
+    assert timed_again == [True] and m.calibration_s > 0
     stored = json.loads(entry.read_text())
     assert len(stored["draft"]) == len(CALIBRATION_ROWS) and all(s < 1.0 for _, s in stored["target"])
+    assert again.speculation.target_cost(1) < 1.0  # the marked times never reached the planner
 
 
 def test_a_stale_entry_is_timed_again(folders, tmp_path, monkeypatch):
