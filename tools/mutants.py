@@ -705,4 +705,26 @@ MUTANTS = (
         "        owner = None",
         ("tests/test_serve_ray.py",),
     ),
+    # -- the demo's honesty and the kept calibration ------------------------------------------------------------------
+    Mutant(
+        "demo-shows-a-speed-up-where-the-planner-never-drafted",
+        "ovbuild/demo.py",
+        "    if not c.speculation_ran:\n",
+        "    if False:\n",
+        ("tests/test_demo.py",),
+    ),
+    Mutant(
+        "calibration-cache-ignores-recalibrate",
+        "ovbuild/runtime/calibration.py",
+        "        if self.refresh:\n            return False\n",
+        "",
+        ("tests/test_calibration_cache.py",),
+    ),
+    Mutant(
+        "calibration-cache-keyed-without-settings",
+        "ovbuild/runtime/calibration.py",
+        '        "settings": settings,\n',
+        "",
+        ("tests/test_calibration_cache.py",),
+    ),
 )

@@ -6,7 +6,8 @@ time calibrating (1.8 s) than in its target calls (1.6 s), every time. The key i
 models' graphs (the IR files' SHA-256, the weight files' sizes; not their folder or weight values), the CPU and
 OpenVINO version, and how the models were compiled (device, precisions, static copies). A cached entry seeds the cost
 models exactly as a calibration would, and every call then updates them as before, so the first plans stand on the
-same ground either way. `recalibrate` times the calls again and replaces the entry.
+same ground either way; two calls timed against the entry tell whether it still holds (a calibration taken while the
+machine was busy is replaced). `recalibrate` times the calls again and replaces the entry.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
         return
     speculation.calibration_tried = True
     cache = speculation.calibration_cache
-    if cache is not None and cache.restore(speculation):
-        return
 
     def target_call(rows: int) -> float:
         inputs = {
@@ -61,6 +60,8 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
 
     timings: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
     try:
+        if cache is not None and cache.restore(speculation, target_call, draft_call):
+            return
         speculation.calibrate(_kept(target_call, timings["target"]), _kept(draft_call, timings["draft"]))
     except CacheExhaustedError:
         return
@@ -82,6 +83,8 @@ def _kept(time_call: Callable[[int], float], fastest: dict[int, float]) -> Calla
     return call
 
 
+CHECK_ROWS = 8  # the draft call timed to tell whether a kept calibration still holds (a block of 8 rows)
+STALE_FACTOR = 1.5  # a kept time this many times off the one measured now is stale
 CACHE_ENV = "OVBUILD_CACHE_DIR"
 CACHE_VERSION = 1  # raised when what is stored, or how it is timed, changes
 
@@ -141,9 +144,14 @@ class CalibrationCache:
         key = calibration_key(target_dir, draft_dir, settings)
         return cls(cache_dir() / "calibration" / f"{key}.json", refresh)
 
-    def restore(self, speculation: Speculation) -> bool:
+    def restore(
+        self, speculation: Speculation, time_target: Callable[[int], float], time_draft: Callable[[int], float]
+    ) -> bool:
         """Seed the planner's cost models from the file, as Speculation.calibrate would; False when there is none
-        to use (absent, refreshed, unreadable or from another calibration: it is then timed again and rewritten)."""
+        to use (absent, refreshed, unreadable, from another calibration, or stale: it is then timed again and
+        rewritten). Stale: a target call of 1 row or a draft call of CHECK_ROWS rows, timed now (best of 2), is
+        more than STALE_FACTOR away from the kept time; a calibration taken while the machine was busy would
+        otherwise steer every later run's first plans (the draft's costs are only measured again when it drafts)."""
         if self.refresh:
             return False
         try:
@@ -155,6 +163,11 @@ class CalibrationCache:
             return False
         if any(not (np.isfinite(seconds) and seconds > 0) for table in tables for _, seconds in table):
             return False
+        for time_call, table, rows in ((time_target, tables[0], 1), (time_draft, tables[1], CHECK_ROWS)):
+            kept = dict(table)[rows]
+            now = min(time_call(rows) for _ in range(2))
+            if not kept / STALE_FACTOR <= now <= kept * STALE_FACTOR:
+                return False
         for cost, table in zip((speculation.target_cost, speculation.draft_cost), tables, strict=True):
             for rows, seconds in table:
                 cost.observe(rows, seconds)
