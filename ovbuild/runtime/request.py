@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ovbuild.errors import ConfigError
 from ovbuild.runtime.drafters.base import Proposal
 from ovbuild.runtime.metrics import RequestMetrics
+from ovbuild.runtime.penalties import Penalties, check_penalties
 from ovbuild.runtime.prefix import chain_hashes
 from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.speculation import AcceptanceStats
@@ -30,6 +33,10 @@ class GenerationConfig:
     top_p: float = 1.0
     rng_seed: int = 0
     speculative_sampling: str = "exact"  # how sampled draft tokens are verified: sampling.VERIFICATIONS
+    repetition_penalty: float = 1.0  # 1 = off; penalties as ovbuild.runtime.penalties applies them
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_new_tokens: int = 0  # EOS is held back until this many tokens were generated
 
     def __post_init__(self):
         # checked here, before any request is queued: a negative value would break the worst-case reservation
@@ -37,6 +44,11 @@ class GenerationConfig:
         check_stop_strings(self.stop_strings, "stop_strings")
         check_sampling(self.temperature, self.top_k, self.top_p, self.rng_seed, self.do_sample)
         check_verification(self.speculative_sampling)
+        check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_new_tokens)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                f"min_new_tokens = {self.min_new_tokens} is more than max_new_tokens = {self.max_new_tokens}"
+            )
 
     @property
     def sampling(self) -> SamplingParams | None:
@@ -44,6 +56,18 @@ class GenerationConfig:
         if not self.do_sample:
             return None
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.rng_seed, self.speculative_sampling)
+
+    @functools.cached_property
+    def penalties(self) -> Penalties | None:
+        """The logit penalties, or None when none changes the logits."""
+        penalties = Penalties(
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.min_new_tokens,
+            self.eos_token_ids,
+        )
+        return penalties if penalties.active else None
 
 
 class Status(enum.Enum):

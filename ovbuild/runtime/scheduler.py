@@ -40,6 +40,7 @@ from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
+from ovbuild.runtime.penalties import PenalizedRows
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
@@ -439,20 +440,28 @@ class Scheduler:
             if request.generated:
                 return  # recomputed after a preemption: its next token comes from verifying its anchor
             request.metrics.first_token_time = time.perf_counter()
-            sampling = request.config.sampling
-            first = [greedy[-1]] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
+            sampling, rows = request.config.sampling, _penalized(request, logits[-1:])
+            if sampling is None:
+                first = [greedy[-1] if rows is None else rows.argmax(0)]
+            else:
+                first = verify_sampled(logits[-1:] if rows is None else rows, [], None, sampling, 0)
             self._commit(request, first)
 
     def _verify(self, request: Request, greedy: list[int], taps, logits: np.ndarray) -> None:
         proposal, sampling = request.proposal, request.config.sampling
+        rows = _penalized(request, logits, proposal)
         if sampling is None:
+            # with penalties, the argmax of the penalized rows on the host, row by row as verification reads them
+            best = greedy.__getitem__ if rows is None else rows.argmax
             accepted = 0
-            while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:
+            while accepted < len(proposal) and proposal[accepted] == best(accepted):
                 accepted += 1
-            committed = [*proposal[:accepted], greedy[accepted]]
+            committed = [*proposal[:accepted], best(accepted)]
         else:
             q = proposal.q  # a sampled proposal's draft distributions; None: point masses
-            committed = verify_sampled(logits, list(proposal), q, sampling, len(request.generated))
+            committed = verify_sampled(
+                logits if rows is None else rows, list(proposal), q, sampling, len(request.generated)
+            )
             accepted = len(committed) - 1
         if self.trace:
             request.trace.append(
@@ -659,6 +668,14 @@ class Scheduler:
         self.target.free(request.id)
         if self.drafter is not None:
             self.drafter.free(request.id)
+
+
+def _penalized(request: Request, logits: np.ndarray, draft: list[int] = ()) -> PenalizedRows | None:
+    """The request's rows with its penalties applied (row i after the draft tokens before it), None without any."""
+    penalties = request.config.penalties
+    if penalties is None:
+        return None
+    return PenalizedRows(logits, penalties, request.prompt, request.generated, draft)
 
 
 def _context_rows(item: DraftItem) -> int:
