@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import enum
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ovbuild.errors import ConfigError
 from ovbuild.runtime.drafters.base import Proposal
+from ovbuild.runtime.logprobs import TokenLogprob, check_logprobs
 from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.penalties import Penalties, check_penalties
 from ovbuild.runtime.prefix import chain_hashes
@@ -37,6 +37,8 @@ class GenerationConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_new_tokens: int = 0  # EOS is held back until this many tokens were generated
+    logprobs: int | None = None  # each generated token's logprob and this many alternatives; None = off
+    prompt_logprobs: int | None = None  # the same for each prompt token but the first; skips the prefix cache
 
     def __post_init__(self):
         # checked here, before any request is queued: a negative value would break the worst-case reservation
@@ -45,6 +47,8 @@ class GenerationConfig:
         check_sampling(self.temperature, self.top_k, self.top_p, self.rng_seed, self.do_sample)
         check_verification(self.speculative_sampling)
         check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_new_tokens)
+        check_logprobs(self.logprobs, "logprobs")
+        check_logprobs(self.prompt_logprobs, "prompt_logprobs")
         if self.min_new_tokens > self.max_new_tokens:
             raise ConfigError(
                 f"min_new_tokens = {self.min_new_tokens} is more than max_new_tokens = {self.max_new_tokens}"
@@ -57,7 +61,7 @@ class GenerationConfig:
             return None
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.rng_seed, self.speculative_sampling)
 
-    @functools.cached_property
+    @property
     def penalties(self) -> Penalties | None:
         """The logit penalties, or None when none changes the logits."""
         penalties = Penalties(
@@ -116,6 +120,8 @@ class Request:
     hashes: dict[int, list[bytes]] = field(default_factory=dict)  # block size -> chained hashes of committed blocks
     num_cached_tokens: int = 0  # prompt tokens its last admission found cached (prefix caching)
     num_preemptions: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, with config.logprobs
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first None)
 
     @property
     def context_len(self) -> int:

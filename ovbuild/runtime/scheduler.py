@@ -38,6 +38,7 @@ from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
+from ovbuild.runtime.logprobs import token_logprob
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.runtime.penalties import PenalizedRows
@@ -293,8 +294,8 @@ class Scheduler:
     def _prefix_hit(self, request: Request) -> int:
         """Tokens of the request's context every cache holds, at a length every cache can resume from: whole blocks
         of each, and never the last context token (its row must run: its logits give the first token)."""
-        if not self.prefix_caching:
-            return 0
+        if not self.prefix_caching or request.config.prompt_logprobs is not None:
+            return 0  # prompt logprobs come from the prompt's rows: they all run
         limit = request.context_len - 1
         caches = list(self.caches.values())
         step = math.lcm(*(c.block_size for c in caches))
@@ -423,7 +424,10 @@ class Scheduler:
                 n = min(context - request.target_len, max(budget, 1))
                 chunk = request.committed(request.target_len, request.target_len + n)
                 last = request.target_len + n == context
-                batch.append(TargetRows(request, chunk, [n - 1] if last else [], request.target_len))
+                wanted = [n - 1] if last else []
+                if request.config.prompt_logprobs is not None:
+                    wanted = list(range(n))  # every row's logits: the prompt's logprobs
+                batch.append(TargetRows(request, chunk, wanted, request.target_len))
                 budget -= n
         return batch
 
@@ -431,6 +435,8 @@ class Scheduler:
         if taps is not None and request.gap == 0:  # after a gap, taps wait for the catch-up (they must be in order)
             request.add_taps(taps)
         start = request.target_len
+        if request.config.prompt_logprobs is not None:
+            _prompt_logprobs(request, start, logits)
         request.target_len += len(chunk)
         self._commit_rows(request, start)
         if request.target_len == request.context_len:
@@ -445,7 +451,7 @@ class Scheduler:
                 first = [greedy[-1] if rows is None else rows.argmax(0)]
             else:
                 first = verify_sampled(logits[-1:] if rows is None else rows, [], None, sampling, 0)
-            self._commit(request, first)
+            self._commit(request, first, logits[-1:])
 
     def _verify(self, request: Request, greedy: list[int], taps, logits: np.ndarray) -> None:
         proposal, sampling = request.proposal, request.config.sampling
@@ -476,22 +482,26 @@ class Scheduler:
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         self._commit_rows(request, start)  # a hybrid's state after row `accepted`: anchor + accepted drafts
         request.proposal = Proposal()
-        self._commit(request, committed)
+        self._commit(request, committed, logits)
 
-    def _commit(self, request: Request, tokens: list[int]) -> None:
-        """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
+    def _commit(self, request: Request, tokens: list[int], logits: np.ndarray) -> None:
+        """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it);
+        logits [len(tokens), V]: the rows they were chosen from (their logprobs, when the request asks)."""
         config = request.config
         before = len(request.generated)
-        for token in tokens:
+        for token, row in zip(tokens, logits, strict=False):
             if token in config.eos_token_ids:
                 request.finish_reason = FinishReason.STOP
                 break
             request.generated.append(token)
+            if config.logprobs is not None:
+                request.logprobs.append(token_logprob(row, token, config.logprobs))
             if request.remaining <= 0:
                 request.finish_reason = FinishReason.LENGTH
                 break
         if config.stop_strings and self.detokenize is not None:
             self._check_stop_strings(request, len(request.generated) - before)
+            del request.logprobs[len(request.generated) :]  # those of the tokens cut with a stop string
         if request.finish_reason is not None:
             request.status = Status.FINISHED
 
@@ -676,6 +686,19 @@ def _penalized(request: Request, logits: np.ndarray, draft: list[int] = ()) -> P
     if penalties is None:
         return None
     return PenalizedRows(logits, penalties, request.prompt, request.generated, draft)
+
+
+def _prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> None:
+    """Record the logprobs of the prompt tokens a prefill chunk's rows (from position `start`) predict; rows past the
+    prompt (a preempted request's generated tokens) and positions already recorded (before a preemption) are not."""
+    if not request.prompt_logprobs:
+        request.prompt_logprobs.append(None)  # the first prompt token: nothing predicts it
+    for j, row in enumerate(logits):
+        position = start + j + 1
+        if position == len(request.prompt_logprobs) and position < len(request.prompt):
+            request.prompt_logprobs.append(
+                token_logprob(row, int(request.prompt[position]), request.config.prompt_logprobs)
+            )
 
 
 def _context_rows(item: DraftItem) -> int:
