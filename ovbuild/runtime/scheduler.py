@@ -277,6 +277,8 @@ class Scheduler:
         (after its prefix hit); it then grows block by block as it decodes."""
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if self._prefills_its_prefix(request):
+                break  # admitted once that prefill is committed, starting on its blocks
             hit = self._prefix_hit(request)
             if not self._start(request, hit):
                 break
@@ -290,6 +292,20 @@ class Scheduler:
             self.running.append(self.waiting.pop(0))
             plan.admitted.append(request)
             plan.hits[request.id] = hit
+
+    def _prefills_its_prefix(self, request: Request) -> bool:
+        """Whether a running request is still prefilling the same first block (n samples of one prompt, queued
+        together): waiting for it lets this one start on its cached blocks instead of computing them again."""
+        if not self.prefix_caching or request.config.prompt_logprobs is not None:
+            return False
+        size = self.target.cache_manager.block_size
+        if request.context_len <= size:
+            return False
+        first = request.block_hashes(size, size)
+        return any(
+            r.status is Status.PREFILL and r.context_len > size and r.block_hashes(size, size) == first
+            for r in self.running
+        )
 
     def _prefix_hit(self, request: Request) -> int:
         """Tokens of the request's context every cache holds, at a length every cache can resume from: whole blocks
