@@ -4,6 +4,7 @@ sampled tokens for a seed are the same with and without the draft; bad values ar
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -47,9 +48,9 @@ def reference_greedy(ref: Qwen3Reference, prompt, config: GenerationConfig) -> l
     return out
 
 
-def run(models, with_draft: bool, configs: list[GenerationConfig]) -> list[list[int]]:
+def run(models, with_draft: bool, configs: list[GenerationConfig], prompt=PROMPT) -> list[list[int]]:
     s = scheduler(models, with_draft)
-    requests = [s.add_request(PROMPT, c) for c in configs]
+    requests = [s.add_request(prompt, c) for c in configs]
     s.run()
     if with_draft:
         assert s.metrics.requests.num_draft_tokens > 0
@@ -80,6 +81,12 @@ def test_greedy_penalties_equal_a_numpy_greedy_loop(models, target, with_draft):
     assert got == expected
     assert all(e != expected[0] for e in expected[1 : len(PENALTIES) + 1])  # each penalty mattered on this prompt
     assert len(expected[-1]) == 2 and len(expected[-2]) >= 8
+    # repetition over the prompt: a prompt ending in the model's own continuation, whose next tokens it penalizes
+    prompt = PROMPT + first[:8]
+    config = GenerationConfig(max_new_tokens=6, repetition_penalty=1.8)
+    expected = reference_greedy(ref, prompt, config)
+    assert expected != reference_greedy(ref, PROMPT + first[:8], dataclasses.replace(config, repetition_penalty=1.0))
+    assert run(models, with_draft, [config], prompt) == [expected]
 
 
 class OracleDrafter(BlockDrafter):
