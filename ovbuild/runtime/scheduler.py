@@ -5,12 +5,16 @@ Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
      when the pool runs out the most recently admitted running request is preempted: its blocks are freed and it
      goes back to the front of the queue, to be recomputed later with its committed tokens joined to its prompt),
      then waiting requests are admitted, each starting on the longest prefix every cache holds (prefix caching,
-     ovbuild.runtime.prefix), and the target call is packed: the verification rows [anchor, d1..dk] of decoding
-     requests (on CPU each row a 1-row subsequence, so that it rounds as a decode step does) and prompt chunks of
-     prefilling ones (bounded by max_num_batched_tokens);
+     ovbuild.runtime.prefix; one whose first block a running request is still prefilling waits for its blocks, so n
+     samples of a prompt compute it once; one asking for prompt logprobs runs all its rows), and the target call
+     is packed: the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a 1-row subsequence,
+     so that it rounds as a decode step does) and prompt chunks of prefilling ones (bounded by
+     max_num_batched_tokens);
   2. `execute(plan)` runs the target call;
   3. `update(plan, outputs)` verifies: greedy, the longest prefix where d_i equals the target's argmax, then the
-     target's token (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits); the cache
+     target's token (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits; a request
+     with penalties reads its rows penalized, ovbuild.runtime.penalties, and its greedy tokens are their host argmax;
+     one asking for logprobs keeps those of its committed rows, ovbuild.runtime.logprobs); the cache
      manager commits the accepted rows (registering full blocks for prefix caching, keeping a hybrid target's
      linear-attention state after the last accepted row) and the rejected rows are never committed: the next call's
      past_lens overwrites them; finished requests free their blocks;
