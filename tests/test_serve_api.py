@@ -32,6 +32,7 @@ def server(request, tiny_pair):
     target, draft = tiny_pair
     app = build_app(target, draft if request.param == "draft" else None, F32_TARGET, name=MODEL)
     with BackgroundServer(app) as s:
+        s.with_draft = request.param == "draft"
         yield s
 
 
@@ -124,13 +125,16 @@ def test_echo_with_logprobs_and_no_new_tokens_gives_the_prompt_log_likelihood(cl
     # the same prompt again, its blocks now cached: the same logprobs
     again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
     assert again.choices[0].logprobs.token_logprobs == lp.token_logprobs
-    # echo without logprobs, with new tokens: the prompt then the completion
+    # echo without logprobs, with new tokens: the prompt then the completion, streamed the same
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
     echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, echo=True)
     assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, echo=True, stream=True)
+    chunks = [c.choices[0].text for c in stream if c.choices]
+    assert chunks[0].startswith(PROMPT) and "".join(chunks) == echoed.choices[0].text
 
 
-def test_n_samples_with_a_seed_are_reproducible_and_greedy_n_are_equal(client):
+def test_n_samples_with_a_seed_are_reproducible_and_greedy_n_are_equal(server, client):
     sampled = dict(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0.9, seed=7, n=4)
     first = [c.text for c in client.completions.create(**sampled).choices]
     again = [c.text for c in client.completions.create(**sampled).choices]
@@ -138,11 +142,24 @@ def test_n_samples_with_a_seed_are_reproducible_and_greedy_n_are_equal(client):
     # sample i draws with seed + i: sample 1 of seed 7 is sample 0 of seed 8
     shifted = client.completions.create(**{**sampled, "seed": 8, "n": 1}).choices[0].text
     assert shifted == first[1]
+    # the samples of a long prompt compute it once: the others start on its cached blocks (with a draft, they do
+    # once the draft cache holds them too, after a draft call took the prompt's taps: docs/serve.md)
+    before = prefix_hits(client)
+    client.completions.create(**{**sampled, "prompt": PROMPT * 5, "seed": 11})
+    assert server.with_draft or prefix_hits(client) - before >= 3 * 32
     greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, n=3)
     assert [c.index for c in greedy.choices] == [0, 1, 2] and len({c.text for c in greedy.choices}) == 1
     assert (
         greedy.usage.prompt_tokens
         == client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8).usage.prompt_tokens
+    )
+
+
+def prefix_hits(client) -> float:
+    """The server's ovbuild_prefix_cache_hits_total."""
+    text = httpx.get(str(client.base_url).replace("/v1/", "/metrics"), timeout=10).text
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("ovbuild_prefix_cache_hits_total")
     )
 
 
