@@ -35,11 +35,15 @@ class Penalties:
     @property
     def active(self) -> bool:
         """Whether any penalty changes a row (else the logits are used as they are)."""
+        return self.active_after(0)
+
+    def active_after(self, generated: int) -> bool:
+        """Whether a penalty changes the rows after `generated` output tokens (min_new_tokens alone stops then)."""
         return (
             self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
-            or (self.min_new_tokens > 0 and bool(self.eos_token_ids))
+            or (generated < self.min_new_tokens and bool(self.eos_token_ids))
         )
 
 

@@ -703,8 +703,8 @@ class Scheduler:
 def _penalized(request: Request, logits: np.ndarray, draft: list[int] = ()) -> PenalizedRows | None:
     """The request's rows with its penalties applied (row i after the draft tokens before it), None without any."""
     penalties = request.config.penalties
-    if penalties is None:
-        return None
+    if penalties is None or not penalties.active_after(len(request.generated)):
+        return None  # the logits as they are: greedy keeps the in-graph argmax
     return PenalizedRows(logits, penalties, request.prompt, request.generated, draft)
 
 
