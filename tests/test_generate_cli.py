@@ -134,3 +134,20 @@ def test_demo_refuses_zero_rounds_before_exporting(capsys):
     assert main(["demo", "--tiny", "--rounds", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ovbuild: error: rounds = 0") and err.count("\n") == 1
+
+
+def test_penalty_options_reach_the_requests_with_and_without_the_draft(tiny_pair, tmp_path, capsys):
+    penalties = ("--repetition-penalty", "1.8", "--frequency-penalty", "0.5", "--min-new-tokens", "4")
+    plain = generate(tiny_pair, tmp_path)
+    runs = [generate(tiny_pair, tmp_path, *penalties, *draft) for draft in ((), ("--draft", str(tiny_pair[1])))]
+    ids = [[r["generated_ids"] for r in run["requests"]] for run in (plain, *runs)]
+    assert ids[1] == ids[2] and ids[1] != ids[0]
+    target, _ = tiny_pair
+    capsys.readouterr()
+    for bad, message in (
+        ("--presence-penalty=nan", "presence_penalty must be a finite number"),
+        ("--min-new-tokens=20", "min_new_tokens = 20 is more than max_new_tokens = 16"),
+    ):
+        assert main(["generate", "--target", str(target), "--prompt", "a", "--max-new-tokens", "16", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"ovbuild: error: {message}") and err.count("\n") == 1

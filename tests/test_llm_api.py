@@ -75,6 +75,17 @@ def test_per_request_configs(llm, alone):
     assert llm.config.eos_token_ids == (EOS_ID,)
 
 
+def test_penalties_are_generation_options(llm, alone):
+    """The penalties reach the requests as keywords, and equal the pipeline's (with the draft) on the same fields."""
+    pipeline, expected = alone
+    penalties = dict(repetition_penalty=1.8, frequency_penalty=0.5, presence_penalty=0.3)
+    (request,), _ = pipeline.generate([PROMPTS[0]], 10, use_draft=False, **penalties)
+    text = llm.generate(PROMPTS[0], max_new_tokens=10, num_assistant_tokens=3, **penalties)
+    assert text == request.text and request.generated != expected[0].generated
+    with pytest.raises(ConfigError, match="presence_penalty"):
+        llm.generate("x", presence_penalty=float("nan"))
+
+
 def test_bad_calls_are_clean_errors(llm, tiny_pair):
     with pytest.raises(ConfigError, match="unknown generation option"):
         llm.generate("x", max_tokens=3)

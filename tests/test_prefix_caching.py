@@ -71,14 +71,14 @@ def test_target_alone_outputs_equal_with_and_without_prefix_caching(models, conf
     assert scheduler.metrics.prefix_cache_queries == sum(len(p) for p in prompts)
 
 
-def test_identical_prompts_in_one_step_share_nothing_they_are_computing_yet(models):
-    """Two identical prompts admitted in one step both miss (nothing is committed yet); the blocks of the first are
-    registered, the second's stay unregistered, and a third request hits the first's."""
+def test_identical_prompts_queued_together_wait_for_the_first_ones_blocks(models):
+    """Two identical prompts queued together: the second is admitted once the first's prefill is committed and starts
+    on its blocks, as does a third request later."""
     prompt = conversation_prompts()[0]
     scheduler = target_scheduler(models, True)
     first = serve(scheduler, [[prompt, prompt]], GREEDY)
     third = serve(scheduler, [[prompt]], GREEDY)
-    assert [r.num_cached_tokens for r in first + third] == [0, 0, 3 * BLOCK]
+    assert [r.num_cached_tokens for r in first + third] == [0, 3 * BLOCK, 3 * BLOCK]
     assert first[0].generated == first[1].generated == third[0].generated
 
 
@@ -250,3 +250,18 @@ def test_a_prompt_of_whole_blocks_hits_all_but_its_last_block(models):
     while scheduler.has_unfinished():
         scheduler.step()
     assert again.generated == first.generated
+
+
+def test_samples_of_one_prompt_queued_together_share_its_blocks(models):
+    """n samples of a prompt added at once: the first prefills, the others wait for its blocks and start on them,
+    and each sample's tokens are those it draws alone."""
+    prompt = conversation_prompts()[2]
+    configs = [GenerationConfig(max_new_tokens=6, do_sample=True, temperature=0.9, rng_seed=seed) for seed in range(4)]
+    scheduler = target_scheduler(models, True)
+    together = [scheduler.add_request(prompt, c) for c in configs]
+    scheduler.run()
+    assert together[0].num_cached_tokens == 0
+    assert all(r.num_cached_tokens >= len(prompt) - 32 for r in together[1:])
+    for request, config in zip(together, configs, strict=True):
+        alone = target_scheduler(models, False)
+        assert alone.add_request(prompt, config) and alone.run()[0].generated == request.generated

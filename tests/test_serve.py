@@ -141,13 +141,13 @@ def test_models_and_health(server):
 @pytest.mark.parametrize(
     ("body", "param", "message"),
     [
-        ({"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens = 0 needs echo"),
         ({"prompt": "x", "max_tokens": "many"}, "max_tokens", "valid integer"),
         ({"prompt": "x", "max_tokens": 5000}, "max_tokens", "maximum context length is 4096"),
         ({"prompt": [1] * 4096}, "prompt", "maximum context length is 4096"),
         ({"prompt": [1, 99999]}, "prompt", "token id 99999 is outside the vocabulary"),
         ({"prompt": "x", "temperature": 0.8, "top_p": 1.5}, "top_p", "less than or equal to 1"),
-        ({"prompt": "x", "n": 2}, "n", "n > 1 is not supported"),
+        ({"prompt": "x", "n": 0}, "n", "greater than or equal to 1"),
         ({"prompt": "x", "stream": "sometimes"}, "stream", "valid boolean"),
         ({"max_tokens": 3}, "prompt", "Field required"),
         ({"prompt": "x", "model": "gpt-4"}, "model", "not served here"),

@@ -280,8 +280,8 @@ MUTANTS = (
     Mutant(
         "scheduler-never-accepts-whole-proposal",
         "ovbuild/runtime/scheduler.py",
-        "while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:",
-        "while accepted < len(proposal) - 1 and proposal[accepted] == greedy[accepted]:",
+        "while accepted < len(proposal) and proposal[accepted] == best(accepted):",
+        "while accepted < len(proposal) - 1 and proposal[accepted] == best(accepted):",
         SPECULATIVE,
     ),
     Mutant(
@@ -726,5 +726,34 @@ MUTANTS = (
         '        "settings": settings,\n',
         "",
         ("tests/test_calibration_cache.py",),
+    ),
+    # -- penalties and logprobs ---------------------------------------------------------------------------------------
+    Mutant(
+        "penalties-rows-ignore-earlier-draft-tokens",
+        "ovbuild/runtime/penalties.py",
+        "self.generated + self.draft[:i])",
+        "self.generated)",
+        ("tests/test_penalties.py",),
+    ),
+    Mutant(
+        "penalties-repetition-skips-the-prompt",
+        "ovbuild/runtime/penalties.py",
+        "seen = np.union1d(prompt_seen, tokens) if prompt_seen is not None else tokens",
+        "seen = tokens",
+        ("tests/test_penalties.py",),
+    ),
+    Mutant(
+        "logprobs-after-the-penalties",
+        "ovbuild/runtime/scheduler.py",
+        "self._commit(request, committed, logits)",
+        "self._commit(request, committed, logits if rows is None else np.stack([rows[i] for i in range(len(logits))]))",
+        ("tests/test_logprobs.py",),
+    ),
+    Mutant(
+        "prompt-logprobs-from-cached-prefix",
+        "ovbuild/runtime/scheduler.py",
+        "if not self.prefix_caching or request.config.prompt_logprobs is not None:\n            return 0, 0  # prompt",
+        "if not self.prefix_caching:\n            return 0, 0  # prompt",
+        ("tests/test_logprobs.py",),
     ),
 )

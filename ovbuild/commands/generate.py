@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_path:
         check_writable(args.json_path, "--json")
     prompts = read_prompts(args)
-    GenerationConfig(**sampling_options(args))  # bad sampling values fail before any model loads
+    GenerationConfig(args.max_new_tokens, **sampling_options(args))  # bad sampling values fail before any model loads
     pipeline = Pipeline(args.target, args.draft, runtime_options(args))
     eos = () if args.ignore_eos else pipeline.eos_token_ids
     config = GenerationConfig(

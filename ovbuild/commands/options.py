@@ -14,7 +14,7 @@ STATIC_ROWS = {"auto": None, "on": True, "off": False}  # --static-rows -> Model
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    """Sampling options with OpenVINO GenAI's meanings (greedy unless --do-sample)."""
+    """Sampling options and penalties with OpenVINO GenAI's meanings (greedy unless --do-sample)."""
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -27,10 +27,26 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         help="how sampled draft tokens are verified: exact (default: the target alone's tokens for the seed) or "
         "rejection (Leviathan et al.: same distribution, tokens depend on the draft length)",
     )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divide positive logits and multiply negative ones of tokens in the prompt or output by this (1 = off)",
+    )
+    p.add_argument(
+        "--presence-penalty", type=float, default=0.0, help="subtract from the logit of every generated token (0 = off)"
+    )
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="subtract this times its count from the logit of every generated token (0 = off)",
+    )
+    p.add_argument("--min-new-tokens", type=int, default=0, help="no EOS before this many tokens were generated")
 
 
 def sampling_options(args: argparse.Namespace) -> dict:
-    """GenerationConfig's sampling fields from the command line (checked there: one-line errors)."""
+    """GenerationConfig's sampling and penalty fields from the command line (checked there: one-line errors)."""
     return dict(
         do_sample=args.do_sample,
         temperature=args.temperature,
@@ -38,6 +54,10 @@ def sampling_options(args: argparse.Namespace) -> dict:
         top_p=args.top_p,
         rng_seed=args.seed,
         speculative_sampling=args.speculative_sampling,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        min_new_tokens=args.min_new_tokens,
     )
 
 

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ovbuild.errors import ConfigError
 from ovbuild.runtime.detokenizer import Detokenizer
 from ovbuild.runtime.drafters.base import Proposal
+from ovbuild.runtime.logprobs import TokenLogprob, check_logprobs
 from ovbuild.runtime.metrics import RequestMetrics
+from ovbuild.runtime.penalties import Penalties, check_penalties
 from ovbuild.runtime.prefix import chain_hashes
 from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.speculation import AcceptanceStats
@@ -31,6 +34,12 @@ class GenerationConfig:
     top_p: float = 1.0
     rng_seed: int = 0
     speculative_sampling: str = "exact"  # how sampled draft tokens are verified: sampling.VERIFICATIONS
+    repetition_penalty: float = 1.0  # 1 = off; penalties as ovbuild.runtime.penalties applies them
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_new_tokens: int = 0  # EOS is held back until this many tokens were generated
+    logprobs: int | None = None  # each generated token's logprob and this many alternatives; None = off
+    prompt_logprobs: int | None = None  # the same for each prompt token but the first; skips the prefix cache
 
     def __post_init__(self):
         # checked here, before any request is queued: a negative value would break the worst-case reservation
@@ -38,6 +47,13 @@ class GenerationConfig:
         check_stop_strings(self.stop_strings, "stop_strings")
         check_sampling(self.temperature, self.top_k, self.top_p, self.rng_seed, self.do_sample)
         check_verification(self.speculative_sampling)
+        check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_new_tokens)
+        check_logprobs(self.logprobs, "logprobs")
+        check_logprobs(self.prompt_logprobs, "prompt_logprobs")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                f"min_new_tokens = {self.min_new_tokens} is more than max_new_tokens = {self.max_new_tokens}"
+            )
 
     @property
     def sampling(self) -> SamplingParams | None:
@@ -45,6 +61,18 @@ class GenerationConfig:
         if not self.do_sample:
             return None
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.rng_seed, self.speculative_sampling)
+
+    @property
+    def penalties(self) -> Penalties | None:
+        """The logit penalties, or None when none changes the logits."""
+        penalties = Penalties(
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.min_new_tokens,
+            self.eos_token_ids,
+        )
+        return penalties if penalties.active else None
 
 
 class Status(enum.Enum):
@@ -94,6 +122,8 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens its last admission found cached (prefix caching)
     num_preemptions: int = 0
     detokenizer: Detokenizer | None = None  # its stop strings' detokenizer (the scheduler's, made when first needed)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, with config.logprobs
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first None)
 
     @property
     def context_len(self) -> int:

@@ -5,12 +5,16 @@ Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
      when the pool runs out the most recently admitted running request is preempted: its blocks are freed and it
      goes back to the front of the queue, to be recomputed later with its committed tokens joined to its prompt),
      then waiting requests are admitted, each starting on the longest prefix every cache holds (prefix caching,
-     ovbuild.runtime.prefix), and the target call is packed: the verification rows [anchor, d1..dk] of decoding
-     requests (on CPU each row a 1-row subsequence, so that it rounds as a decode step does) and prompt chunks of
-     prefilling ones (bounded by max_num_batched_tokens);
+     ovbuild.runtime.prefix; one whose first block a running request is still prefilling waits for its blocks, so n
+     samples of a prompt compute it once; one asking for prompt logprobs runs all its rows), and the target call
+     is packed: the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a 1-row subsequence,
+     so that it rounds as a decode step does) and prompt chunks of prefilling ones (bounded by
+     max_num_batched_tokens);
   2. `execute(plan)` runs the target call;
   3. `update(plan, outputs)` verifies: greedy, the longest prefix where d_i equals the target's argmax, then the
-     target's token (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits); the cache
+     target's token (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits; a request
+     with penalties reads its rows penalized, ovbuild.runtime.penalties, and its greedy tokens are their host argmax;
+     one asking for logprobs keeps those of its committed rows, ovbuild.runtime.logprobs); the cache
      manager commits the accepted rows (registering full blocks for prefix caching, keeping a hybrid target's
      linear-attention state after the last accepted row) and the rejected rows are never committed: the next call's
      past_lens overwrites them; finished requests free their blocks;
@@ -39,8 +43,10 @@ from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.detokenizer import Detokenizer
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
+from ovbuild.runtime.logprobs import token_logprob
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
+from ovbuild.runtime.penalties import PenalizedRows
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
@@ -284,6 +290,8 @@ class Scheduler:
         (after its prefix hit); it then grows block by block as it decodes."""
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if self._prefills_its_prefix(request):
+                break  # admitted once that prefill is committed, starting on its blocks
             hit, draft_hit = self._prefix_hits(request)
             if not self._start(request, hit, draft_hit):
                 break
@@ -298,14 +306,28 @@ class Scheduler:
             plan.admitted.append(request)
             plan.hits[request.id] = hit
 
+    def _prefills_its_prefix(self, request: Request) -> bool:
+        """Whether a running request is still prefilling the same first block (n samples of one prompt, queued
+        together): waiting for it lets this one start on its cached blocks instead of computing them again."""
+        if not self.prefix_caching or request.config.prompt_logprobs is not None:
+            return False
+        size = self.target.cache_manager.block_size
+        if request.context_len <= size:
+            return False
+        first = request.block_hashes(size, size)
+        return any(
+            r.status is Status.PREFILL and r.context_len > size and r.block_hashes(size, size) == first
+            for r in self.running
+        )
+
     def _prefix_hits(self, request: Request) -> tuple[int, int]:
         """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
         (its row must run: its logits give the first token). The draft's hit is at most the target's; when it is
         shorter, the taps in between are a gap the target computes again before the request drafts
         (ovbuild.runtime.catch_up). A target with states cannot run a catch-up: both start at one length, the
         longest every cache (and a snapshot) holds."""
-        if not self.prefix_caching:
-            return 0, 0
+        if not self.prefix_caching or request.config.prompt_logprobs is not None:
+            return 0, 0  # prompt logprobs come from the prompt's rows: they all run
         limit = request.context_len - 1
         target = self.target.cache_manager
         hit = target.cached_prefix(request.block_hashes(target.block_size, limit))
@@ -441,7 +463,10 @@ class Scheduler:
                 n = min(context - request.target_len, max(budget, 1))
                 chunk = request.committed(request.target_len, request.target_len + n)
                 last = request.target_len + n == context
-                batch.append(TargetRows(request, chunk, [n - 1] if last else [], request.target_len))
+                wanted = [n - 1] if last else []
+                if request.config.prompt_logprobs is not None:
+                    wanted = list(range(n))  # every row's logits: the prompt's logprobs
+                batch.append(TargetRows(request, chunk, wanted, request.target_len))
                 budget -= n
         return batch
 
@@ -449,6 +474,8 @@ class Scheduler:
         if taps is not None and request.gap == 0:  # after a gap, taps wait for the catch-up (they must be in order)
             request.add_taps(taps)
         start = request.target_len
+        if request.config.prompt_logprobs is not None:
+            _prompt_logprobs(request, start, logits)
         request.target_len += len(chunk)
         self._commit_rows(request, start)
         if request.target_len == request.context_len:
@@ -458,20 +485,28 @@ class Scheduler:
             if request.generated:
                 return  # recomputed after a preemption: its next token comes from verifying its anchor
             request.metrics.first_token_time = time.perf_counter()
-            sampling = request.config.sampling
-            first = [greedy[-1]] if sampling is None else verify_sampled(logits[-1:], [], None, sampling, 0)
-            self._commit(request, first)
+            sampling, rows = request.config.sampling, _penalized(request, logits[-1:])
+            if sampling is None:
+                first = [greedy[-1] if rows is None else rows.argmax(0)]
+            else:
+                first = verify_sampled(logits[-1:] if rows is None else rows, [], None, sampling, 0)
+            self._commit(request, first, logits[-1:])
 
     def _verify(self, request: Request, greedy: list[int], taps, logits: np.ndarray) -> None:
         proposal, sampling = request.proposal, request.config.sampling
+        rows = _penalized(request, logits, proposal)
         if sampling is None:
+            # with penalties, the argmax of the penalized rows on the host, row by row as verification reads them
+            best = greedy.__getitem__ if rows is None else rows.argmax
             accepted = 0
-            while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:
+            while accepted < len(proposal) and proposal[accepted] == best(accepted):
                 accepted += 1
-            committed = [*proposal[:accepted], greedy[accepted]]
+            committed = [*proposal[:accepted], best(accepted)]
         else:
             q = proposal.q  # a sampled proposal's draft distributions; None: point masses
-            committed = verify_sampled(logits, list(proposal), q, sampling, len(request.generated))
+            committed = verify_sampled(
+                logits if rows is None else rows, list(proposal), q, sampling, len(request.generated)
+            )
             accepted = len(committed) - 1
         if self.trace:
             request.trace.append(
@@ -485,19 +520,22 @@ class Scheduler:
         start = request.target_len
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         request.proposal = Proposal()
-        self._commit(request, committed)
+        self._commit(request, committed, logits)
         # after the tokens are appended: the blocks' hashes read them; a hybrid's state after row `accepted`
         self._commit_rows(request, start)
 
-    def _commit(self, request: Request, tokens: list[int]) -> None:
-        """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it)."""
+    def _commit(self, request: Request, tokens: list[int], logits: np.ndarray) -> None:
+        """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it);
+        logits [len(tokens), V]: the rows they were chosen from (their logprobs, when the request asks)."""
         config = request.config
         before = len(request.generated)
-        for token in tokens:
+        for token, row in zip(tokens, logits, strict=False):
             if token in config.eos_token_ids:
                 request.finish_reason = FinishReason.STOP
                 break
             request.generated.append(token)
+            if config.logprobs is not None:
+                request.logprobs.append(token_logprob(row, token, config.logprobs))
             if request.remaining <= 0:
                 request.finish_reason = FinishReason.LENGTH
                 break
@@ -507,6 +545,7 @@ class Scheduler:
             text = request.detokenizer.find_stop(request.generated, len(request.generated) - before)
             if text is not None:
                 request.text, request.finish_reason = text, FinishReason.STOP_STRING
+                del request.logprobs[len(request.generated) :]  # those of the tokens cut with the stop string
         if request.finish_reason is not None:
             request.status = Status.FINISHED
 
@@ -662,6 +701,27 @@ class Scheduler:
         self.target.free(request.id)
         if self.drafter is not None:
             self.drafter.free(request.id)
+
+
+def _penalized(request: Request, logits: np.ndarray, draft: list[int] = ()) -> PenalizedRows | None:
+    """The request's rows with its penalties applied (row i after the draft tokens before it), None without any."""
+    penalties = request.config.penalties
+    if penalties is None or not penalties.active_after(len(request.generated)):
+        return None  # the logits as they are: greedy keeps the in-graph argmax
+    return PenalizedRows(logits, penalties, request.prompt, request.generated, draft)
+
+
+def _prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> None:
+    """Record the logprobs of the prompt tokens a prefill chunk's rows (from position `start`) predict; rows past the
+    prompt (a preempted request's generated tokens) and positions already recorded (before a preemption) are not."""
+    if not request.prompt_logprobs:
+        request.prompt_logprobs.append(None)  # the first prompt token: nothing predicts it
+    for j, row in enumerate(logits):
+        position = start + j + 1
+        if position == len(request.prompt_logprobs) and position < len(request.prompt):
+            request.prompt_logprobs.append(
+                token_logprob(row, int(request.prompt[position]), request.config.prompt_logprobs)
+            )
 
 
 def _context_rows(item: DraftItem) -> int:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ovbuild.runtime.penalties import PenalizedRows
 from ovbuild.runtime.sampling import SamplingParams, Uniforms, draw, position_uniforms, processed_probs, race
 
 
@@ -32,12 +33,12 @@ class ProcessedRows:
     """p of each verification row, computed when a rule first reads it: verification usually stops after a few rows,
     and one row of 151,936 logits costs ~1 ms."""
 
-    def __init__(self, logits: np.ndarray, params: SamplingParams):
+    def __init__(self, logits: np.ndarray | PenalizedRows, params: SamplingParams):
         self.logits, self.params, self.rows = logits, params, {}
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i not in self.rows:
-            self.rows[i] = processed_probs(self.logits[i : i + 1], self.params)[0]
+            self.rows[i] = processed_probs(self.logits[i][None], self.params)[0]
         return self.rows[i]
 
 
@@ -79,10 +80,11 @@ def verify_point_mass(p: Rows, proposal: list[int], u: Sequence[Uniforms]) -> li
 
 
 def verify_sampled(
-    logits: np.ndarray, proposal: list[int], q: np.ndarray | None, params: SamplingParams, position: int
+    logits: np.ndarray | PenalizedRows, proposal: list[int], q: np.ndarray | None, params: SamplingParams, position: int
 ) -> list[int]:
     """The scheduler's hook: logits [K+1, V] of the verification rows, q [K, V] or None (point masses, or no draft)
-    -> committed tokens; the first verification row's token is output `position`."""
+    -> committed tokens; the first verification row's token is output `position`. `logits` penalized rows
+    (ovbuild.runtime.penalties) for a request with penalties."""
     p, u = ProcessedRows(logits, params), RowUniforms(params.rng_seed, position, logits.shape[-1])
     if q is None or not proposal or params.verification == "exact":
         return verify_point_mass(p, proposal, u)

@@ -21,6 +21,7 @@ from ovbuild.errors import OverloadedError, RequestError
 from ovbuild.runtime.prompts import PromptLimits, prompt_list
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.serve.chat import ChatTemplate
+from ovbuild.serve.choices import Choice
 from ovbuild.serve.engine import Engine, Event, Ticket
 from ovbuild.serve.protocol import (
     ChatCompletionRequest,
@@ -48,6 +49,11 @@ class ServedModel:
     limits: PromptLimits
     chat_template: ChatTemplate | None = None
     default_max_tokens: int = 256  # chat requests without max_tokens (completions default to 16, as OpenAI's)
+    decode: Callable[[list[int]], str] | None = None  # token ids -> text (echoed prompts, logprobs' tokens)
+
+    def token_text(self, token: int) -> str:
+        """One token's text, as the logprobs show it."""
+        return self.decode([token]) if self.decode is not None else str(token)
 
     @classmethod
     def from_folder(cls, name: str, target_dir: str | Path, pipeline, default_max_tokens: int = 256) -> ServedModel:
@@ -58,6 +64,7 @@ class ServedModel:
             PromptLimits.from_pipeline(pipeline),
             ChatTemplate.from_folder(target_dir),
             default_max_tokens,
+            pipeline.decode,
         )
 
 
@@ -111,7 +118,9 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
         _check_model(body, model)
         prompts, _ = prompt_list(body.prompt)
         ids = [model.encode(p) if isinstance(p, str) else p for p in prompts]
-        return await _serve(engine, model, body, ids, CompletionFormat(model.name), request, default_max_tokens=16)
+        echo = [p if isinstance(p, str) else model.decode(p) for p in prompts] if body.echo else None
+        fmt = CompletionFormat(model.name, model.token_text)
+        return await _serve(engine, model, body, ids, fmt, request, default_max_tokens=16, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -122,7 +131,8 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
             chat_messages(body), body.add_generation_prompt, **(body.chat_template_kwargs or {})
         )
         ids = [model.encode(text)]
-        return await _serve(engine, model, body, ids, ChatFormat(model.name), request, model.default_max_tokens)
+        fmt = ChatFormat(model.name, model.token_text)
+        return await _serve(engine, model, body, ids, fmt, request, model.default_max_tokens)
 
     return app
 
@@ -144,14 +154,22 @@ async def _serve(
     fmt: Format,
     request: Request,
     default_max_tokens: int,
+    echo: list[str] | None = None,
 ) -> Response:
-    """Submit every prompt, wait until the scheduler accepted them all (or refused one: 400), then answer."""
-    configs = []
-    for prompt in ids:
+    """Submit every prompt (n samples of each, choice p * n + i the i-th of prompt p; submitted together, they are
+    admitted together and share the prompt's cached blocks), wait until the scheduler accepted them all (or refused
+    one: 400), then answer."""
+    configs, prompts, choices = [], [], []
+    for p, prompt in enumerate(ids):
         model.limits.check_ids(prompt)
-        configs.append(generation_config(body, len(prompt), model.base_config, model.limits, default_max_tokens))
+        for i in range(body.n):
+            config = generation_config(body, len(prompt), model.base_config, model.limits, default_max_tokens, i)
+            configs.append(config)
+            prompts.append(prompt)
+            logprobs = config.logprobs is not None
+            choices.append(Choice(prompt, echo and echo[p], body.max_tokens == 0, i == 0, logprobs))
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
-    tickets = engine.submit(ids, configs, [_sink(loop, events, i) for i in range(len(ids))])
+    tickets = engine.submit(prompts, configs, [_sink(loop, events, i) for i in range(len(prompts))])
     pending: list[tuple[int, Event]] = []
     try:
         accepted = 0
@@ -166,9 +184,9 @@ async def _serve(
         _cancel(tickets)
         raise
     if body.stream:
-        stream = _stream(events, pending, tickets, fmt, body.include_usage)
+        stream = _stream(events, pending, tickets, choices, fmt, body.include_usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(events, pending, tickets, fmt, request)
+    return await _collect(events, pending, tickets, choices, fmt, request)
 
 
 def _sink(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int) -> Callable[[Event], None]:
@@ -194,7 +212,9 @@ async def _next(events: asyncio.Queue, pending: list) -> tuple[int, Event]:
     return index, event
 
 
-async def _stream(events, pending, tickets, fmt: Format, include_usage: bool) -> AsyncIterator[str]:
+async def _stream(
+    events, pending, tickets, choices: list[Choice], fmt: Format, include_usage: bool
+) -> AsyncIterator[str]:
     """Server-sent events; a client that goes away cancels the generator, and the finally aborts its requests."""
     finished = False
     try:
@@ -203,11 +223,14 @@ async def _stream(events, pending, tickets, fmt: Format, include_usage: bool) ->
         done = prompt_tokens = completion_tokens = 0
         while done < len(tickets):
             index, event = await _next(events, pending)
-            if event.text or event.last:
-                yield _sse(fmt.chunk(index, event.text, event.finish_reason))
+            choice = choices[index]
+            text, scored, offset = choice.piece(event)
+            if text or scored or event.last:
+                yield _sse(fmt.chunk(index, text, choice.finish_reason(event), scored, offset))
             done += event.last
-            prompt_tokens += event.prompt_tokens
-            completion_tokens += event.completion_tokens
+            prompts, completions = choice.usage(event)
+            prompt_tokens += prompts
+            completion_tokens += completions
         if include_usage:
             yield _sse(fmt.usage_chunk(prompt_tokens, completion_tokens))
         finished = True
@@ -219,9 +242,9 @@ async def _stream(events, pending, tickets, fmt: Format, include_usage: bool) ->
             _cancel(tickets)
 
 
-async def _collect(events, pending, tickets, fmt: Format, request: Request) -> Response:
+async def _collect(events, pending, tickets, choices: list[Choice], fmt: Format, request: Request) -> Response:
     """The whole answer; polls for a client that left, so its requests do not run on for nobody."""
-    texts, reasons = [""] * len(tickets), [None] * len(tickets)
+    reasons = [None] * len(tickets)
     done = prompt_tokens = completion_tokens = 0
     try:
         while done < len(tickets):
@@ -232,16 +255,19 @@ async def _collect(events, pending, tickets, fmt: Format, request: Request) -> R
                     _cancel(tickets)
                     return Response(status_code=499)
                 continue
-            texts[index] += event.text
+            choice = choices[index]
+            choice.piece(event)
             if event.last:
-                reasons[index] = event.finish_reason
+                reasons[index] = choice.finish_reason(event)
                 done += 1
-                prompt_tokens += event.prompt_tokens
-                completion_tokens += event.completion_tokens
+                prompts, completions = choice.usage(event)
+                prompt_tokens += prompts
+                completion_tokens += completions
     except BaseException:
         _cancel(tickets)
         raise
-    return JSONResponse(fmt.response(texts, reasons, prompt_tokens, completion_tokens))
+    texts, scored = [c.text for c in choices], [c.scored for c in choices]
+    return JSONResponse(fmt.response(texts, reasons, prompt_tokens, completion_tokens, scored))
 
 
 def _sse(data: dict) -> str:

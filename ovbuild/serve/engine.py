@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ovbuild.errors import OvbuildError, OverloadedError
+from ovbuild.runtime.logprobs import TokenLogprob
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.streaming import TextStream, step_until_done
@@ -35,6 +36,8 @@ class Event:
     error: Exception | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens committed since the last event (when asked)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, with the first event after the prompt
 
     @property
     def last(self) -> bool:
@@ -53,6 +56,21 @@ class Ticket:
     request: Request | None = None  # set by the engine thread once the scheduler accepted it
     stream: TextStream | None = None
     first_token: float | None = None
+    logprobs_sent: int = 0
+    prompt_logprobs_sent: bool = False
+
+    def scores(self, request: Request, end: int | None = None) -> dict:
+        """The logprob fields of the next event: entries not sent yet (up to `end`), the prompt's once it is done."""
+        fields = {}
+        if request.config.logprobs is not None:
+            end = len(request.logprobs) if end is None else end
+            fields["logprobs"] = tuple(request.logprobs[self.logprobs_sent : end])
+            self.logprobs_sent = max(end, self.logprobs_sent)
+        done = request.generated or request.status is Status.FINISHED
+        if request.config.prompt_logprobs is not None and done and not self.prompt_logprobs_sent:
+            fields["prompt_logprobs"] = tuple(request.prompt_logprobs)
+            self.prompt_logprobs_sent = True
+        return fields
 
     def cancel(self) -> None:
         self.engine._inbox.put(("abort", self))
@@ -181,8 +199,10 @@ class Engine:
             if request.generated and ticket.first_token is None:
                 ticket.first_token = now
             text = ticket.stream.push(request.generated)
-            if text:
-                ticket.sink(Event(text=text))
+            # with stop strings the logprobs wait for the last event: a stop string may still cut streamed tokens
+            scores = ticket.scores(request, 0 if request.config.stop_strings else None)
+            if text or any(scores.values()):
+                ticket.sink(Event(text=text, **scores))
         for request in self.scheduler.finished:
             ticket = self._tickets.pop(request.id, None)
             if ticket is None:
@@ -195,7 +215,8 @@ class Engine:
             reason = _FINISH_REASONS.get(request.finish_reason, "abort")
             self.metrics.finished(request, reason, ticket.submitted, ticket.first_token, now)
             usage = dict(prompt_tokens=len(request.prompt), completion_tokens=len(request.generated))
-            self._end(ticket, Event(text=ticket.stream.finish(request.text), finish_reason=reason, **usage))
+            text = ticket.stream.finish(request.text)
+            self._end(ticket, Event(text=text, finish_reason=reason, **usage, **ticket.scores(request)))
         self.scheduler.finished.clear()  # a long-running server keeps no finished request
         self.stats = self._snapshot()
         self.metrics.queue(self.stats.running, self.stats.waiting)

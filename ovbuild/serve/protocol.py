@@ -10,12 +10,16 @@ import dataclasses
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ovbuild.errors import RequestError
+from ovbuild.runtime.logprobs import MAX_LOGPROBS, TokenLogprob
 from ovbuild.runtime.prompts import PromptLimits
 from ovbuild.runtime.request import GenerationConfig
+
+Scored = list[tuple[int, TokenLogprob | None]]  # (token, its logprob entry; None for a prompt's first token)
 
 
 class _Body(BaseModel):
@@ -34,13 +38,15 @@ class SamplingFields(_Body):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=128)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)  # vLLM's and GenAI's extension (1 = off)
+    min_tokens: int = Field(0, ge=0)  # vLLM's extension: no EOS before this many tokens
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever the model says
@@ -53,8 +59,9 @@ class SamplingFields(_Body):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: the prompt's logprobs alone
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
 
@@ -70,6 +77,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict] | None = None
     response_format: dict | None = None
     add_generation_prompt: bool = True
@@ -82,29 +90,56 @@ def generation_config(
     base: GenerationConfig,
     limits: PromptLimits,
     default_max_tokens: int,
+    sample: int = 0,
 ) -> GenerationConfig:
-    """The one place an API request becomes a GenerationConfig: budget, stops, EOS, and sampling. temperature absent
-    or 0 (or top_k 1) is greedy, so that answers equal the target's own unless a client asks to sample; top_k -1 (vLLM)
-    and 0 (GenAI) are off; without a seed a sampling request draws one. Raises RequestError naming the field."""
+    """The one place an API request becomes a GenerationConfig: budget, stops, EOS, sampling, penalties and logprobs.
+    temperature absent or 0 (or top_k 1) is greedy, so that answers equal the target's own unless a client asks to
+    sample; top_k -1 (vLLM) and 0 (GenAI) are off; without a seed a sampling request draws one; sample i of n samples
+    with the seed `seed + i`. max_tokens 0 (echo alone) runs one token, which the answer leaves out. Raises
+    RequestError naming the field."""
     _refuse_unsupported(body)
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if body.max_tokens == 0 and not getattr(body, "echo", False):
+        raise RequestError("max_tokens = 0 needs echo: true (the prompt's logprobs alone)", "max_tokens")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    max_new_tokens = limits.max_new_tokens(prompt_len, requested or None, default_max_tokens)
+    if body.max_tokens == 0:
+        max_new_tokens = 1
+    elif body.min_tokens > max_new_tokens:
+        raise RequestError(f"min_tokens = {body.min_tokens} is more than max_tokens = {max_new_tokens}", "min_tokens")
     return dataclasses.replace(
         base,
-        max_new_tokens=limits.max_new_tokens(prompt_len, requested, default_max_tokens),
+        max_new_tokens=max_new_tokens,
         stop_strings=tuple(s for s in stop if s),
         eos_token_ids=() if body.ignore_eos else base.eos_token_ids,
         num_assistant_tokens=body.num_assistant_tokens,
-        **_sampling(body),
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        min_new_tokens=0 if body.max_tokens == 0 else body.min_tokens,
+        **_logprobs(body),
+        **_sampling(body, sample),
     )
 
 
-def _sampling(body: SamplingFields) -> dict:
+def _logprobs(body: SamplingFields) -> dict:
+    """GenerationConfig's logprobs and prompt_logprobs: completions' `logprobs` (and with `echo` the prompt's),
+    chat's `logprobs` with `top_logprobs` alternatives."""
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        return {"logprobs": (body.top_logprobs or 0) if body.logprobs else None}
+    logprobs = getattr(body, "logprobs", None)
+    echoed = logprobs if getattr(body, "echo", False) else None
+    return {"logprobs": logprobs, "prompt_logprobs": echoed}
+
+
+def _sampling(body: SamplingFields, sample: int) -> dict:
     if not body.temperature or body.top_k == 1:
         return {"do_sample": False}
-    seed = body.seed if body.seed is not None else secrets.randbits(63)
+    seed = body.seed + sample if body.seed is not None else secrets.randbits(63)
     if seed < 0:
-        raise RequestError(f"seed must be >= 0, got {seed}", "seed")
+        raise RequestError(f"seed must be >= 0, got {body.seed}", "seed")
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
     top_p = body.top_p if body.top_p is not None else 1.0
     return {"do_sample": True, "temperature": body.temperature, "top_k": top_k, "top_p": top_p, "rng_seed": seed}
@@ -112,12 +147,7 @@ def _sampling(body: SamplingFields) -> dict:
 
 def _refuse_unsupported(body: SamplingFields) -> None:
     refusals = {
-        "n": (body.n > 1, "n > 1 is not supported (greedy decoding gives one choice per prompt)"),
-        "presence_penalty": (body.presence_penalty != 0, "presence_penalty is not supported"),
-        "frequency_penalty": (body.frequency_penalty != 0, "frequency_penalty is not supported"),
         "logit_bias": (bool(body.logit_bias), "logit_bias is not supported"),
-        "logprobs": (bool(getattr(body, "logprobs", None)), "logprobs are not supported"),
-        "echo": (bool(getattr(body, "echo", False)), "echo is not supported"),
         "best_of": ((getattr(body, "best_of", None) or 1) > 1, "best_of > 1 is not supported"),
         "suffix": (bool(getattr(body, "suffix", None)), "suffix is not supported"),
         "tools": (bool(getattr(body, "tools", None)), "tools are not supported"),
@@ -163,24 +193,34 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 class Format:
-    """How one endpoint shapes its answers: the whole response, stream chunks, the closing usage chunk."""
+    """How one endpoint shapes its answers: the whole response, stream chunks, the closing usage chunk; `token_text`
+    renders one token id for the logprobs."""
 
     object: str
     chunk_object: str
     id_prefix: str
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, token_text: Callable[[int], str] = str):
         self.model, self.id, self.created = model, f"{self.id_prefix}-{uuid.uuid4().hex}", int(time.time())
+        self.token_text = token_text
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def response(self, texts: list[str], reasons: list[str | None], prompt_tokens: int, completion_tokens: int):
-        choices = [self.choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons, strict=True))]
+    def response(
+        self,
+        texts: list[str],
+        reasons: list[str | None],
+        prompt_tokens: int,
+        completion_tokens: int,
+        scored: list[Scored | None] | None = None,
+    ):
+        scored = scored or [None] * len(texts)
+        choices = [self.choice(i, t, r, s) for i, (t, r, s) in enumerate(zip(texts, reasons, scored, strict=True))]
         return {**self._envelope(self.object, choices), "usage": usage(prompt_tokens, completion_tokens)}
 
-    def chunk(self, index: int, text: str, reason: str | None) -> dict:
-        return self._envelope(self.chunk_object, [self.chunk_choice(index, text, reason)])
+    def chunk(self, index: int, text: str, reason: str | None, scored: Scored | None = None, offset: int = 0) -> dict:
+        return self._envelope(self.chunk_object, [self.chunk_choice(index, text, reason, scored, offset)])
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         return {**self._envelope(self.chunk_object, []), "usage": usage(prompt_tokens, completion_tokens)}
@@ -188,10 +228,10 @@ class Format:
     def opening_chunks(self, n: int) -> list[dict]:
         return []
 
-    def choice(self, index: int, text: str, reason: str | None) -> dict:
+    def choice(self, index: int, text: str, reason: str | None, scored: Scored | None) -> dict:
         raise NotImplementedError
 
-    def chunk_choice(self, index: int, text: str, reason: str | None) -> dict:
+    def chunk_choice(self, index: int, text: str, reason: str | None, scored: Scored | None, offset: int) -> dict:
         raise NotImplementedError
 
 
@@ -199,22 +239,53 @@ class CompletionFormat(Format):
     object = chunk_object = "text_completion"
     id_prefix = "cmpl"
 
-    def choice(self, index, text, reason):
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+    def choice(self, index, text, reason, scored, offset=0):
+        logprobs = None if scored is None else self.logprobs(scored, offset)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
     chunk_choice = choice
+
+    def logprobs(self, scored: Scored, offset: int) -> dict:
+        """The completions shape: parallel lists of tokens, their logprobs, {token: logprob} alternatives and each
+        token's character offset in the choice's text."""
+        tokens, offsets = [], []
+        for token, _ in scored:
+            tokens.append(self.token_text(token))
+            offsets.append(offset)
+            offset += len(tokens[-1])
+        return {
+            "tokens": tokens,
+            "token_logprobs": [None if e is None else e.logprob for _, e in scored],
+            "top_logprobs": [None if e is None else {self.token_text(t): v for t, v in e.top} for _, e in scored],
+            "text_offset": offsets,
+        }
 
 
 class ChatFormat(Format):
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def choice(self, index, text, reason):
+    def choice(self, index, text, reason, scored):
         message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
+        return {"index": index, "message": message, "logprobs": self.logprobs(scored), "finish_reason": reason}
 
-    def chunk_choice(self, index, text, reason):
+    def chunk_choice(self, index, text, reason, scored, offset=0):
         delta = {"content": text} if text else {}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return {"index": index, "delta": delta, "logprobs": self.logprobs(scored), "finish_reason": reason}
+
+    def logprobs(self, scored: Scored | None) -> dict | None:
+        """The chat shape: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+        if scored is None:
+            return None
+        return {
+            "content": [
+                {**self._entry(token, e.logprob), "top_logprobs": [self._entry(t, v) for t, v in e.top]}
+                for token, e in scored
+            ]
+        }
+
+    def _entry(self, token: int, logprob: float) -> dict:
+        text = self.token_text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "surrogatepass"))}
 
     def opening_chunks(self, n: int) -> list[dict]:
         """The assistant role comes first in a chat stream, as OpenAI sends it."""
