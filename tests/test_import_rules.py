@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "export": {"version", "errors", "signals", "ir", "weights", "graph", "families", "targets"},
     "testing": {"errors", "ir", "weights", "reference", "runtime"},
     "llm": {"errors", "runtime"},
-    "serve": {"errors", "ir", "runtime"},
+    "serve": {"errors", "signals", "ir", "runtime"},  # signals: the Ray CLI restores its SIGTERM handling
 }
 TOP = {"ovbuild", "cli", "commands", "demo"}
 
