@@ -27,7 +27,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai as genai
 
-from ovbuild.demo import shipped_pair
+from ovbuild.demo import export_pair, shipped_pair
 from ovbuild.export import export
 from ovbuild.runtime.pipeline import FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
@@ -127,9 +127,8 @@ def main() -> None:
         tmp = Path(tmp)
         target_ckpt, draft_ckpt = shipped_pair()
         paged = (
-            export(target_ckpt, tmp / "paged" / "target", draft_of=draft_ckpt, quiet=True).out,
-            export(draft_ckpt, tmp / "paged" / "draft", target_model=target_ckpt, quiet=True).out,
-            export(target_ckpt, tmp / "paged" / "alone", quiet=True).out,
+            *export_pair(target_ckpt, draft_ckpt, tmp / "paged"),
+            export(target_ckpt, tmp / "paged" / "alone", quiet=True).out,  # untapped, as one serves it alone
         )
         genai_target = export(target_ckpt, tmp / "genai" / "target", format="genai", quiet=True).out
         cases = Cases(paged, genai_target)

@@ -38,7 +38,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai as genai
 
-from ovbuild.demo import DEMO_PROMPTS, shipped_pair
+from ovbuild.demo import DEMO_PROMPTS, export_pair, shipped_pair
 from ovbuild.export import export
 from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
@@ -181,9 +181,8 @@ def main() -> None:
         tmp = Path(tmp)
         target_ckpt, draft_ckpt = shipped_pair()
         paged = (
-            export(target_ckpt, tmp / "paged" / "target", draft_of=draft_ckpt, quiet=True).out,
-            export(draft_ckpt, tmp / "paged" / "draft", target_model=target_ckpt, quiet=True).out,
-            export(target_ckpt, tmp / "paged" / "alone", quiet=True).out,
+            *export_pair(target_ckpt, draft_ckpt, tmp / "paged"),
+            export(target_ckpt, tmp / "paged" / "alone", quiet=True).out,  # untapped, as one serves it alone
         )
         genai_dirs = (
             export(target_ckpt, tmp / "genai" / "target", format="genai", quiet=True).out,

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from ovbuild.export import export
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
@@ -74,8 +73,9 @@ def bf16_units(monkeypatch):
 
 def export_pair(target_ckpt: Path, draft_ckpt: Path, root: Path) -> tuple[Path, Path]:
     """(target folder, draft folder) exported into `root` as a user exports a pair (default weight formats)."""
-    target = export(target_ckpt, root / "target", draft_of=draft_ckpt, quiet=True).out
-    return target, export(draft_ckpt, root / "draft", target_model=target_ckpt, quiet=True).out
+    from ovbuild.demo import export_pair as export_as_a_user_does
+
+    return export_as_a_user_does(target_ckpt, draft_ckpt, root)
 
 
 @pytest.fixture(scope="session")
