@@ -169,12 +169,29 @@ def test_compile_copies_compiles_every_row_count_up_front(target):
     model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)
     model.compile_copies()
     assert set(model.static.copies) == set(BUCKETS)
-    compiled = model.compile_s
+    copies = {rows: request for rows, (request, _) in model.static.copies.items()}
     model.run([SequenceRows(0, 0, 5)], {"input_ids": tokens(5), "position_ids": list(range(5)), "logits_indices": [4]})
-    assert model.compile_s == compiled, "a call compiled a copy that compile_copies had compiled"
+    assert {rows: request for rows, (request, _) in model.static.copies.items()} == copies, (
+        "a call compiled a copy that compile_copies had compiled"
+    )
     dynamic = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=False)
     dynamic.compile_copies()  # nothing to compile
     assert dynamic.static is None and dynamic.compile_s == 0.0
+
+
+def test_a_copys_first_call_is_a_one_off(target):
+    """A copy allocates its memory in its first call: that call's seconds join the one-offs (compile_s) the call
+    costs leave out, and later calls of the copy do not."""
+    cfg, weights = target
+    model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)
+    model.compile_copies()
+    compiled = model.compile_s
+    inputs = {"input_ids": tokens(3), "position_ids": [0, 1, 2], "logits_indices": [2]}
+    model.run([SequenceRows(0, 0, 3)], inputs)
+    first = model.compile_s
+    assert first > compiled and 3 not in model.static.unrun
+    model.run([SequenceRows(1, 0, 3)], inputs)
+    assert model.compile_s == first, "a copy's second call was counted as a one-off"
 
 
 def test_a_copy_that_does_not_compile_is_one_clear_error(target, monkeypatch):

@@ -25,8 +25,8 @@ import numpy as np
 from ovbuild.errors import CacheExhaustedError
 from ovbuild.ir.ports import INPUT_IDS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.drafters.base import Drafter, DraftItem
-from ovbuild.runtime.kv_cache import SequenceRows
 from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import CALIBRATION_ROWS, Speculation, timed
 
 SCRATCH = -1  # the sequence id the timed calls write under; its blocks are freed right after
@@ -46,8 +46,10 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
             POSITION_IDS: np.arange(rows),
             LOGITS_INDICES: np.arange(rows),
         }
-        # states reported after every row, as a verification call does (a hybrid target; else ignored)
-        return timed(lambda: target.run([SequenceRows(SCRATCH, 0, rows)], inputs, [list(range(rows))]))
+        # rows laid out as verification lays them out (1-row subsequences on CPU: they take another attention kernel
+        # than one subsequence of as many rows), states reported after every row (a hybrid target; else ignored)
+        layout = sequence_rows(SCRATCH, 0, rows, target.row_subsequences)
+        return timed(lambda: target.run(layout, inputs, [list(range(rows))]))
 
     def draft_call(rows: int) -> float:
         k = min(drafter.max_candidates, rows - drafter.candidate_offset)  # a block of k + offset rows, context the rest
@@ -86,7 +88,7 @@ def _kept(time_call: Callable[[int], float], fastest: dict[int, float]) -> Calla
 CHECK_ROWS = 8  # the draft call timed to tell whether a kept calibration still holds (a block of 8 rows)
 STALE_FACTOR = 1.5  # a kept time this many times off the one measured now is stale
 CACHE_ENV = "OVBUILD_CACHE_DIR"
-CACHE_VERSION = 1  # raised when what is stored, or how it is timed, changes
+CACHE_VERSION = 2  # raised when what is stored, or how it is timed, changes
 
 
 def cache_dir() -> Path:

@@ -157,8 +157,8 @@ class PagedModel:
 
     @property
     def compile_s(self) -> float:
-        """Seconds the calls so far spent compiling (static copies, the untapped sibling): a one-off, which call
-        costs leave out."""
+        """Seconds the calls so far spent compiling (static copies, the untapped sibling) and in each copy's first call:
+        one-offs, which call costs leave out."""
         own = self.static.compile_s if self.static is not None else 0.0
         return own + self._sibling_s + (self._untapped.compile_s if self._untapped is not None else 0.0)
 
@@ -353,7 +353,10 @@ class StaticExecutor:
         real = sum(r.num_rows for r in rows)
         size = copy_size(real)
         request, binder = m.static.copy(size)
-        return m._call(rows, inputs, None, request, binder, size - real)
+        start = time.perf_counter()
+        outputs = m._call(rows, inputs, None, request, binder, size - real)
+        m.static.first_call(size, time.perf_counter() - start)
+        return outputs
 
 
 def taps_in_math_precision(model: ov.Model, device: str, inference_precision: str | None) -> tuple[ov.Model, tuple]:
