@@ -8,8 +8,12 @@ one burst per side, in a new random order. It reports aggregate tokens/s (comple
 whole burst), TTFT p50 / p99 (request sent to first text received, queueing included), the acceptance the server's
 /metrics counted, and the speed-up as the median of per-round ratios.
 
+With --baseline SRC (the source tree of another ovbuild revision, e.g. a `git worktree add` of it), every side
+also runs from that tree, in the same rounds: the ratio of each side to its baseline tells whether a change made
+serving slower.
+
     python bench/bench_serve.py [--clients 16 64] [--max-tokens 64] [--rounds 5] [--seed 0]
-                                [--target DIR --draft DIR (exported)]
+                                [--target DIR --draft DIR (exported)] [--baseline SRC]
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -34,6 +39,7 @@ from ovbuild.export import export
 
 import harness
 
+BASELINE = " (baseline)"  # the suffix of the sides served from --baseline's tree
 PROMPTS = [*DEMO_PROMPTS, "def read(path):\n", "import sys\n\n", "    for i in range(", "    return "]
 
 
@@ -46,12 +52,14 @@ def free_port() -> int:
 class Server:
     """`ovbuild serve` in a subprocess, ready once /health answers."""
 
-    def __init__(self, target: Path, draft: Path | None):
+    def __init__(self, target: Path, draft: Path | None, source: Path | None = None):
+        """source: the tree whose ovbuild serves (None: the one this benchmark imports)."""
         self.port = free_port()
         cmd = [sys.executable, "-m", "ovbuild.cli", "serve", "--target", str(target), "--served-model-name", "demo"]
         cmd += ["--port", str(self.port), "--log-level", "warning", "--max-requests", "1024"]
         cmd += ["--draft", str(draft)] if draft else []
-        self.process = subprocess.Popen(cmd)
+        env = {**os.environ, "PYTHONPATH": str(source)} if source else None
+        self.process = subprocess.Popen(cmd, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while True:
@@ -142,16 +150,19 @@ def report(runs: dict, max_tokens: int, rounds: int) -> None:
         f"\novbuild serve, {max_tokens} tokens per request, streaming clients all at once, {rounds} rounds interleaved"
     )
     print("(tokens/s and TTFT: medians over rounds; speed-up: median of per-round ratios to the target alone, min-max)")
-    print(f"{'clients':>7} {'side':>12} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'tau':>5}  speed-up")
+    print(f"{'clients':>7} {'side':>23} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'tau':>5}  speed-up")
     for clients, (timed, sides) in runs.items():
         for side, rows in sides.items():
             speed = [row["tokens_per_s"] for row in rows]
             p50, p99 = (statistics.median(float(np.percentile(r["ttfts"], q)) * 1e3 for r in rows) for q in (50, 99))
             drafts = sum(r["drafts"] for r in rows)
             tau = 1 + sum(r["accepted"] for r in rows) / drafts if drafts else 1.0
+            base = side.removesuffix(BASELINE)
             ratio = "" if side == "target alone" else str(timed.ratio("target alone", side))
+            if base != side:  # a baseline side: this revision's side against it
+                ratio = f"{base} at this revision, speed / baseline: {timed.ratio(side, base)}"
             print(
-                f"{clients:>7} {side:>12} {statistics.median(speed):>9.1f} {p50:>7.0f}ms {p99:>7.0f}ms {tau:>5.2f}  "
+                f"{clients:>7} {side:>23} {statistics.median(speed):>9.1f} {p50:>7.0f}ms {p99:>7.0f}ms {tau:>5.2f}  "
                 f"{ratio}"
             )
 
@@ -162,6 +173,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--target", help="exported target folder (default: the shipped demo pair, exported now)")
     parser.add_argument("--draft", help="exported draft folder")
+    parser.add_argument("--baseline", type=Path, help="source tree of another ovbuild revision to serve side by side")
     harness.add_arguments(parser, rounds=5)
     args = parser.parse_args()
     harness.start("ovbuild serve under load: the target alone and with its draft, side by side")
@@ -177,6 +189,10 @@ def main() -> None:
         try:
             if draft:
                 sides["draft"] = Server(target, draft)
+            if args.baseline:
+                sides["target alone" + BASELINE] = Server(alone, None, args.baseline)
+                if draft:
+                    sides["draft" + BASELINE] = Server(target, draft, args.baseline)
             runs = side_by_side(sides, args.clients, args.max_tokens, args.rounds, args.seed)
         finally:
             for server in sides.values():
