@@ -88,6 +88,24 @@ def test_completion_logprobs_equal_the_reference(client, reference, tokenizer):
     assert streamed == lp.token_logprobs
 
 
+def test_completion_alternatives_hold_the_chosen_token(client, tokenizer):
+    """logprobs: 0 gives each chosen token alone, and a sampled token outside the top 1 joins it (OpenAI's legacy
+    completions: up to logprobs + 1 alternatives)."""
+    prompt = token_ids(tokenizer, PROMPT)
+    greedy = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, logprobs=0).choices[0].logprobs
+    assert [list(top) for top in greedy.top_logprobs] == [[t] for t in greedy.tokens]
+    assert [list(top.values()) for top in greedy.top_logprobs] == [[v] for v in greedy.token_logprobs]
+    args = dict(model=MODEL, prompt=prompt, max_tokens=16, logprobs=1, temperature=2.0, seed=3)
+    sampled = client.completions.create(**args).choices[0].logprobs
+    outside = 0
+    for token, value, top in zip(sampled.tokens, sampled.token_logprobs, sampled.top_logprobs, strict=True):
+        assert token in top and 1 <= len(top) <= 2  # (tokens of one text share a key, as OpenAI's)
+        if len(top) == 2:
+            outside += 1
+            assert top[token] == value and list(top)[1] == token  # the chosen one after the top 1
+    assert outside > 0, "at temperature 2 some sampled token should fall outside the top 1"
+
+
 def test_chat_logprobs_and_top_logprobs_equal_the_reference(client, reference, tokenizer, tiny_pair):
     messages = [{"role": "user", "content": "hello"}]
     text = ChatTemplate.from_folder(tiny_pair[0]).render(messages, True)

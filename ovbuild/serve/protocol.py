@@ -247,7 +247,8 @@ class CompletionFormat(Format):
 
     def logprobs(self, scored: Scored, offset: int) -> dict:
         """The completions shape: parallel lists of tokens, their logprobs, {token: logprob} alternatives and each
-        token's character offset in the choice's text."""
+        token's character offset in the choice's text. As OpenAI's legacy completions (and vLLM) do, the alternatives
+        always hold the chosen token too: up to logprobs + 1 of them, one with `logprobs: 0`."""
         tokens, offsets = [], []
         for token, _ in scored:
             tokens.append(self.token_text(token))
@@ -256,9 +257,15 @@ class CompletionFormat(Format):
         return {
             "tokens": tokens,
             "token_logprobs": [None if e is None else e.logprob for _, e in scored],
-            "top_logprobs": [None if e is None else {self.token_text(t): v for t, v in e.top} for _, e in scored],
+            "top_logprobs": [None if e is None else self._alternatives(token, e) for token, e in scored],
             "text_offset": offsets,
         }
+
+    def _alternatives(self, token: int, entry) -> dict[str, float]:
+        """{text: logprob} of the most likely tokens, then the chosen one if it is not among them."""
+        top = {self.token_text(t): v for t, v in entry.top}
+        top.setdefault(self.token_text(token), entry.logprob)
+        return top
 
 
 class ChatFormat(Format):
