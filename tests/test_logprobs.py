@@ -9,6 +9,7 @@ import pytest
 
 from ovbuild.errors import ConfigError
 from ovbuild.reference.qwen3 import Qwen3Reference
+from ovbuild.runtime import scheduler as scheduler_module
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
@@ -74,6 +75,24 @@ def test_prompt_logprobs_come_from_the_prompt_rows_even_when_its_blocks_are_cach
     got = [e.logprob for e in request.prompt_logprobs[1:]]
     np.testing.assert_allclose(got, lp[np.arange(len(PROMPT) - 1), PROMPT[1:]], atol=1e-5)
     assert [e.top[0][0] for e in request.prompt_logprobs[1:]] == lp[:-1].argmax(-1).tolist()
+
+
+def test_prompt_logprobs_run_in_chunks_of_bounded_rows(models, target, monkeypatch):
+    """A prompt asking for its logprobs runs in chunks of at most PROMPT_LOGPROB_ROWS rows (each row's logits are a
+    whole vocabulary), whatever the token budget, and its logprobs are those of one long call."""
+    monkeypatch.setattr(scheduler_module, "PROMPT_LOGPROB_ROWS", 16)
+    s = scheduler(models, with_draft=False)
+    calls = []
+    run = s.target.run
+    monkeypatch.setattr(
+        s.target, "run", lambda rows, *a, **k: calls.append(sum(r.num_rows for r in rows)) or run(rows, *a, **k)
+    )
+    request = s.add_request(PROMPT, GenerationConfig(max_new_tokens=1, prompt_logprobs=1))
+    s.run()
+    assert calls[: -(-len(PROMPT) // 16)] == [16] * (len(PROMPT) // 16) + [len(PROMPT) % 16], calls
+    lp = reference_log_softmax(Qwen3Reference(*target), PROMPT)
+    got = [e.logprob for e in request.prompt_logprobs[1:]]
+    np.testing.assert_allclose(got, lp[np.arange(len(PROMPT) - 1), PROMPT[1:]], atol=1e-5)
 
 
 @pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])

@@ -13,6 +13,12 @@ from ovbuild.errors import ConfigError
 MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
 
 
+# Prompt rows a call computes the logits of for one request asking for prompt logprobs: each row's logits are a whole
+# vocabulary of floats (512 rows of Qwen3's 151,936 are 311 MB), so such a prompt runs in chunks of at most this many
+# rows, whatever the call's token budget.
+PROMPT_LOGPROB_ROWS = 512
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """One position: the token, its logprob, and the `top` most likely tokens with theirs (most likely first)."""

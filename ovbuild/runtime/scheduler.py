@@ -6,9 +6,9 @@ Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
      goes back to the front of the queue, to be recomputed later with its committed tokens joined to its prompt),
      then waiting requests are admitted, each starting on the longest prefix every cache holds (prefix caching,
      ovbuild.runtime.prefix; one whose first block a running request is still prefilling waits for its blocks, so n
-     samples of a prompt compute it once; one asking for prompt logprobs runs all its rows), and the target call
-     is packed: the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a 1-row subsequence,
-     so that it rounds as a decode step does) and prompt chunks of prefilling ones (bounded by
+     samples of a prompt compute it once; one asking for prompt logprobs runs all its rows, in bounded chunks), and
+     the target call is packed: the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a
+     1-row subsequence, so that it rounds as a decode step does) and prompt chunks of prefilling ones (bounded by
      max_num_batched_tokens);
   2. `execute(plan)` runs the target call;
   3. `update(plan, outputs)` verifies: greedy, the longest prefix where d_i equals the target's argmax, then the
@@ -43,7 +43,7 @@ from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.detokenizer import Detokenizer
 from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
-from ovbuild.runtime.logprobs import token_logprob
+from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS, token_logprob
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.runtime.penalties import PenalizedRows
@@ -461,6 +461,8 @@ class Scheduler:
             if request.status is Status.PREFILL and (budget > 0 or not batch):
                 context = request.context_len
                 n = min(context - request.target_len, max(budget, 1))
+                if request.config.prompt_logprobs is not None:
+                    n = min(n, PROMPT_LOGPROB_ROWS)  # every row's logits are kept
                 chunk = request.committed(request.target_len, request.target_len + n)
                 last = request.target_len + n == context
                 wanted = [n - 1] if last else []
