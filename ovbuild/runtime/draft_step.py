@@ -181,6 +181,8 @@ class DraftStep:
         """Plan the running requests' next proposals and run the plan (the cost models are calibrated first, once,
         when the plan reads them)."""
         if self.planner.wants_costs(running):
+            # timed calls of both models, once, right before the first plan that reads the costs: here, so that the
+            # plan itself runs no model (the calibration reads no request, the plan's inputs are as they would be)
             start = time.perf_counter()
             calibrate(self.speculation, self.target, self.drafter)
             self.metrics.calibration_s += time.perf_counter() - start
