@@ -162,13 +162,13 @@ def test_the_planners_host_time_leaves_the_calibration_out(models, monkeypatch):
     """The calibration runs inside the first step; its time is reported on its own, and the host time the planner
     adds to every plan stays what the steps spend outside the models (a calibration counted as host made any draft
     call look free next to it)."""
-    import ovbuild.runtime.scheduler as scheduler_module
+    import ovbuild.runtime.draft_step as draft_step_module
 
     def slow_calibration(speculation, target, drafter):
         speculation.calibration_tried = True
         time.sleep(0.3)
 
-    monkeypatch.setattr(scheduler_module, "calibrate", slow_calibration)
+    monkeypatch.setattr(draft_step_module, "calibrate", slow_calibration)
     target_model, draft_model = models
     spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5))
     scheduler = Scheduler(PagedModel(target_model, **F32), BlockDrafter(draft_model, **F32), speculation=spec)

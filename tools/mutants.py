@@ -343,14 +343,14 @@ MUTANTS = (
     ),
     Mutant(
         "scheduler-skipped-steps-not-idle",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/draft_step.py",
         "request.acceptance.idle_steps += skipped",
         "pass",
         PLANNER,
     ),
     Mutant(
         "scheduler-idle-steps-never-fade",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/draft_step.py",
         "request.acceptance.settle(IDLE_DECAY)",
         "request.acceptance.idle_steps = 0",
         PLANNER,
@@ -428,7 +428,7 @@ MUTANTS = (
     ),
     Mutant(
         "scheduler-skips-lost-at-finish",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/draft_step.py",
         "if request.metrics.first_token_time is not None:  # it decoded: its skipped steps are owed",
         "if False:",
         PLANNER,
@@ -442,8 +442,8 @@ MUTANTS = (
     ),
     Mutant(
         "scheduler-batch-change-not-replanned",
-        "ovbuild/runtime/scheduler.py",
-        "self._plan_skips = min(self._plan_skips, REPLAN_AFTER_CHANGE)",
+        "ovbuild/runtime/draft_step.py",
+        "self.skips_left = min(self.skips_left, REPLAN_AFTER_CHANGE)",
         "pass",
         PLANNER,
     ),
@@ -564,9 +564,9 @@ MUTANTS = (
     ),
     Mutant(
         "scheduler-drafts-without-catching-up",
-        "ovbuild/runtime/scheduler.py",
-        "        self._catch_up([r for r in decoding if lengths[r.id] and r.gap > 0], lengths)\n",
-        "",
+        "ovbuild/runtime/draft_step.py",
+        "        catch_up_s = self._catch_up(plan.catch_up, lengths)\n",
+        "        catch_up_s = 0.0\n",
         UNTAPPED,
     ),
     Mutant(

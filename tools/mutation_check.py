@@ -10,6 +10,7 @@ copy of the working tree; the test files relevant to it run there (pytest -x, wi
 
     python tools/mutation_check.py              # every mutant, two at a time
     python tools/mutation_check.py --list
+    python tools/mutation_check.py --stale      # only check that every mutant's text is in its file exactly once
     python tools/mutation_check.py --only graph-rope-yarn-cos-only --only kv-begins-from-reserved
 """
 
@@ -59,6 +60,12 @@ def apply(mutant: Mutant, tree: Path) -> bool:
     return True
 
 
+def is_planted(mutant: Mutant) -> bool:
+    """Whether the mutant's text is in its file of the working tree exactly once (else it is stale)."""
+    path = ROOT / mutant.path
+    return path.exists() and path.read_text(encoding="utf-8").count(mutant.old) == 1
+
+
 def classify(returncode: int, report: Path) -> tuple[str, str]:
     """(outcome, detail) of one pytest run from its exit code and JUnit report."""
     if returncode == 0:
@@ -105,6 +112,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", default=[], metavar="NAME", help="run this mutant (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--stale", action="store_true", help="list the stale mutants (no tests run) and exit")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant's test run")
     args = parser.parse_args()
@@ -112,6 +120,12 @@ def main() -> int:
         for m in MUTANTS:
             print(f"{m.name:42} {m.path}")
         return 0
+    if args.stale:
+        stale = [m for m in MUTANTS if not is_planted(m)]
+        for m in stale:
+            print(f"{m.name:42} stale: text not found exactly once in {m.path}")
+        print(f"{len(stale)} stale of {len(MUTANTS)} mutants")
+        return 1 if stale else 0
     unknown = set(args.only) - {m.name for m in MUTANTS}
     if unknown:
         parser.error(f"unknown mutant(s): {', '.join(sorted(unknown))} (see --list)")

@@ -116,7 +116,7 @@ class Request:
     proposal: Proposal = field(default_factory=Proposal)  # draft tokens to verify in the next target call
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     acceptance: AcceptanceStats | None = None  # per-position acceptance, for the draft-length plan
-    skipped_at: int = 0  # the scheduler's count of plan-less steps when this request's share was last accounted
+    skipped_at: int = 0  # the draft planner's count of plan-less steps when this request's share was last accounted
     trace: list[dict] = field(default_factory=list)
     hashes: dict[int, list[bytes]] = field(default_factory=dict)  # block size -> chained hashes of committed blocks
     num_cached_tokens: int = 0  # prompt tokens its last admission found cached (prefix caching)

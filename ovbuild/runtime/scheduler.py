@@ -8,8 +8,8 @@ Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
      ovbuild.runtime.prefix; one whose first block a running request is still prefilling waits for its blocks, so n
      samples of a prompt compute it once; one asking for prompt logprobs runs all its rows, in bounded chunks), and
      the target call is packed: the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a
-     1-row subsequence, so that it rounds as a decode step does) and prompt chunks of prefilling ones (bounded by
-     max_num_batched_tokens);
+     1-row subsequence, so that it rounds as a decode step does; the plan's draft_lengths hold each k) and prompt
+     chunks of prefilling ones (bounded by max_num_batched_tokens);
   2. `execute(plan)` runs the target call;
   3. `update(plan, outputs)` verifies: greedy, the longest prefix where d_i equals the target's argmax, then the
      target's token (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits; a request
@@ -18,13 +18,15 @@ Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
      manager commits the accepted rows (registering full blocks for prefix caching, keeping a hybrid target's
      linear-attention state after the last accepted row) and the rejected rows are never committed: the next call's
      past_lens overwrites them; finished requests free their blocks;
-  4. the draft length of every decoding request is chosen (pinned by num_assistant_tokens, else by
-     ovbuild.runtime.speculation from measured call costs and each request's acceptance; 0 = no draft for it);
-  5. one draft call, when any request drafts, packs per request the target taps it has not seen and a block of the
-     chosen length; with no request drafting there is no draft call and the taps wait for the next one.
+  4. the draft side (ovbuild.runtime.draft_step) plans: a DraftPlan with the draft length of every decoding request
+     (pinned by num_assistant_tokens, else by ovbuild.runtime.speculation from measured call costs and each
+     request's acceptance; 0 = no draft for it), chosen by a DraftPlanner that keeps its own backoff counters;
+  5. `DraftStep.execute` runs that plan (it never plans): one draft call, when any request drafts, packs per request
+     the target taps it has not seen and a block of the chosen length; with no request drafting there is no draft
+     call and the taps wait for the next one.
 While the planner has backed off all the way (drafting has not paid for a while) and no request pins a draft length,
 target calls run without taps where the target can leave them out (PagedModel.can_skip_taps); a request that is to
-draft again first gets the taps it missed (ovbuild.runtime.catch_up).
+draft again first gets the taps it missed (ovbuild.runtime.catch_up, run before the draft call).
 """
 
 from __future__ import annotations
@@ -39,17 +41,16 @@ import numpy as np
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.calibration import calibrate
-from ovbuild.runtime.catch_up import catch_up
 from ovbuild.runtime.detokenizer import Detokenizer
-from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
+from ovbuild.runtime.draft_step import DraftStep
+from ovbuild.runtime.drafters.base import Drafter, Proposal
 from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS, token_logprob
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.runtime.penalties import PenalizedRows
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.rows import sequence_rows
-from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
 from ovbuild.runtime.validation import check_positive_int, check_prompt, token_ids
 from ovbuild.runtime.verify import verify_sampled
 
@@ -69,7 +70,8 @@ class TargetRows:
 @dataclass
 class StepPlan:
     """What one step does: who was admitted (with the cached tokens each starts on), who was preempted, the blocks
-    taken per cache, and the target call's rows."""
+    taken per cache, the target call's rows, and the draft length each decoding request has verified in them (chosen
+    by the previous step's DraftPlan)."""
 
     rows: list[TargetRows] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
@@ -77,6 +79,7 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
     new_blocks: dict[str, int] = field(default_factory=dict)  # cache name -> blocks taken while planning
     taps: bool = False  # whether the target call computes taps
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # decoding request id -> proposals verified (its k)
 
 
 class Scheduler:
@@ -114,8 +117,12 @@ class Scheduler:
         self.finished: list[Request] = []
         self.metrics = RunMetrics()
         self._next_id = 0
-        self._plan_skips = 0  # steps left without a draft-length plan (Speculation.backoff after a plan for nobody)
-        self._skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
+        # the draft side of every step, with its draft-length planner (None: the target alone)
+        self.drafting: DraftStep | None = None
+        if drafter is not None:
+            self.drafting = DraftStep(
+                target, drafter, speculation, self.metrics, max_num_batched_tokens, self.prefix_caching
+            )
         self._call_s, self._drafted = 0.0, False
 
     @property
@@ -167,8 +174,11 @@ class Scheduler:
         self._call_s, self._drafted = 0.0, False  # the calls' seconds as the cost models see them; a draft call?
         plan = self.schedule()
         done = self.update(plan, self.execute(plan)) if plan.rows else []
-        if self.drafter is not None:
-            self._draft_step()
+        if self.drafting is not None:
+            calls = self.drafting.step(self.running)
+            self._call_s += calls.catch_up_s  # in the order the calls ran (0.0 without a catch-up)
+            self._call_s += calls.draft_s
+            self._drafted = calls.drafted
         wall = time.perf_counter() - start
         self.metrics.steps += 1
         self.metrics.wall_s += wall
@@ -230,7 +240,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """This step's plan: blocks for the running requests' rows (preempting when the pool runs out), admissions
-        with their prefix hits, and the target call's rows. Runs no model."""
+        with their prefix hits, the target call's rows and the draft lengths they verify. Runs no model."""
         plan = StepPlan()
         caches = self.caches
         free_before = {name: cache.free_blocks for name, cache in caches.items()}
@@ -238,6 +248,7 @@ class Scheduler:
         if not plan.preempted:  # a step that preempted has no room to admit into
             self._admit(plan)
         plan.rows = self._target_batch()
+        plan.draft_lengths = {p.request.id: len(p.tokens) - 1 for p in plan.rows if p.request.status is Status.DECODE}
         plan.taps = self._taps_wanted(plan.rows)
         plan.new_blocks = {name: max(free_before[name] - cache.free_blocks, 0) for name, cache in caches.items()}
         return plan
@@ -282,8 +293,8 @@ class Scheduler:
         self.waiting.insert(0, request)
         self.metrics.num_preemptions += 1
         plan.preempted.append(request)
-        if self.drafter is not None:
-            self._batch_changed()
+        if self.drafting is not None:
+            self.drafting.planner.batch_changed()
 
     def _admit(self, plan: StepPlan) -> None:
         """FIFO admission while fewer than max_num_seqs run and every cache has room for the request's whole context
@@ -482,8 +493,8 @@ class Scheduler:
         self._commit_rows(request, start)
         if request.target_len == request.context_len:
             request.status = Status.DECODE
-            request.skipped_at = self._skipped  # skip steps before this one are not its own
-            self._batch_changed()
+            if self.drafting is not None:
+                self.drafting.planner.started(request)
             if request.generated:
                 return  # recomputed after a preemption: its next token comes from verifying its anchor
             request.metrics.first_token_time = time.perf_counter()
@@ -551,149 +562,14 @@ class Scheduler:
         if request.finish_reason is not None:
             request.status = Status.FINISHED
 
-    # -- draft call -----------------------------------------------------------------------------------------------
-
-    def _draft_step(self) -> None:
-        if self._plan_skips > 0 and all(
-            r.config.num_assistant_tokens is None and r.pending_rows <= FLUSH_ROWS for r in self.running
-        ):
-            # The last plan drafted for nobody and nothing forces a call: every decoding request drafts 0 this step,
-            # counted in bulk when it is next planned or finishes (_settle_skips), not request by request per step.
-            self._plan_skips -= 1
-            self._skipped += 1
-            return
-        live = [r for r in self.running if r.status is not Status.FINISHED]
-        flush = any(r.pending_rows > FLUSH_ROWS for r in live)
-        lengths = self._draft_lengths([r for r in live if r.status is Status.DECODE], live, flush)
-        if not any(lengths.values()) and not flush:
-            return  # nobody drafts: no draft call, the taps wait for the next one
-        items, owners, spans = [], [], []
-        for request in live:
-            span = (request.taps_len - request.pending_rows, request.taps_len)  # the context rows this call commits
-            context = request.take_taps()
-            k = lengths.get(request.id, 0)
-            anchor = request.anchor if k > 0 else None
-            if context is None and anchor is None:
-                continue
-            items.append(DraftItem(request.id, context, anchor, k, request.config.sampling, len(request.generated)))
-            owners.append(request)
-            spans.append(span)
-        before, compiled = self.drafter.infer_s, self.drafter.compile_s
-        start = time.perf_counter()
-        proposals = self.drafter.propose(items)
-        seconds = time.perf_counter() - start
-        self.metrics.draft_infer_s += self.drafter.infer_s - before
-        self._call_s, self._drafted = self._call_s + seconds, True
-        rows = sum(_context_rows(i) + (self._block_rows(i.num_tokens) if i.anchor is not None else 0) for i in items)
-        if self.drafter.compile_s == compiled:  # else a one-off (see _target_step)
-            self.speculation.draft_cost.observe(rows, seconds)
-        cache = self.drafter.cache_manager
-        for request, proposal, (start, end) in zip(owners, proposals, spans, strict=True):
-            request.proposal = proposal
-            hashes = request.block_hashes(cache.block_size, end) if self.prefix_caching else None
-            cache.commit(request.id, start, end, hashes)
-
-    def _draft_lengths(self, decoding: list[Request], live: list[Request], flush: bool) -> dict[int, int]:
-        """Draft tokens each decoding request gets verified next step: its num_assistant_tokens when pinned, else
-        the speculation plan's choice; never more than the tokens it still may generate after the next one.
-        live: the unfinished requests (a draft call carries their pending taps); flush: a draft call happens anyway."""
-        for request in decoding:
-            self._settle_skips(request)
-        lengths, free = {}, []
-        for request in decoding:
-            longest = max(0, min(self.drafter.max_candidates, request.remaining - 1))
-            pinned = request.config.num_assistant_tokens
-            if pinned is not None:
-                lengths[request.id] = min(pinned, longest)
-            else:
-                free.append((request, longest))
-        if free and self._plan_skips > 0:
-            self._plan_skips -= 1  # the last plan drafted for nobody: the target alone runs, no plan is made
-            for request, longest in free:
-                lengths[request.id] = 0
-                request.acceptance.idle_steps += longest > 0
-        elif free:
-            start = time.perf_counter()
-            calibrate(self.speculation, self.target, self.drafter)
-            self.metrics.calibration_s += time.perf_counter() - start
-            pinned_rows = sum(k for k in lengths.values())
-            fixed_target = len(decoding) + pinned_rows + self._prefill_rows()
-            fixed_draft = sum(self._block_rows(k) for k in lengths.values() if k)
-            context = sum(r.pending_rows for r in live)
-            for request, _ in free:
-                request.acceptance.settle(IDLE_DECAY)  # the steps skipped since the last plan fade it too
-            chosen = self.speculation.plan(
-                [(r.acceptance, longest) for r, longest in free],
-                fixed_target,
-                fixed_draft,
-                context,
-                flush,
-                [r.gap for r, _ in free],
-            )
-            for (request, longest), k in zip(free, chosen, strict=True):
-                lengths[request.id] = k
-                if k == 0 and longest > 0:
-                    request.acceptance.idle_steps += 1  # what it missed fades: drafting resumes when it pays
-            # While drafting pays for nobody, plan every 2nd, 4th, 8th, ... step (see MAX_PLAN_BACKOFF)
-            spec = self.speculation
-            spec.backoff = 0 if any(chosen) else min(2 * spec.backoff or 1, MAX_PLAN_BACKOFF)
-            self._plan_skips = spec.backoff
-        self._catch_up([r for r in decoding if lengths[r.id] and r.gap > 0], lengths)
-        for request in decoding:
-            request.metrics.record_draft_length(lengths[request.id])
-        return lengths
-
-    def _catch_up(self, behind: list[Request], lengths: dict[int, int]) -> None:
-        """Give the requests that are to draft after a gap the taps they missed (ovbuild.runtime.catch_up), in one
-        call of at most max_num_batched_tokens rows; a request it could not fit drafts 0 this step."""
-        if not behind:
-            return
-        gaps = {r.id: r.gap for r in behind}
-        compiled, start = self.target.compile_s, time.perf_counter()
-        caught = catch_up(self.target, behind, self.max_num_batched_tokens)
-        seconds = time.perf_counter() - start
-        rows = sum(gaps[r.id] for r in caught)
-        self.metrics.target_infer_s += seconds
-        self.metrics.catch_up_rows += rows
-        self._call_s += seconds
-        if caught and self.target.compile_s == compiled:  # else a one-off (see _target_step)
-            self.speculation.target_cost.observe(rows, seconds)
-        for request in set(behind) - set(caught):
-            lengths[request.id] = 0
-            request.acceptance.expected = 0.0  # the plan's expectation: nothing is verified this step
-            request.acceptance.idle_steps += 1
-
-    def _batch_changed(self) -> None:
-        """A request started or stopped decoding: plan again soon, however far the planner had backed off."""
-        self._plan_skips = min(self._plan_skips, REPLAN_AFTER_CHANGE)
-
-    def _block_rows(self, k: int) -> int:
-        return k + self.drafter.candidate_offset
-
-    def _prefill_rows(self) -> int:
-        """Prompt rows the next target call will run (prefilling requests, within the batch budget)."""
-        left = sum(len(r.prompt) - r.target_len for r in self.running if r.status is Status.PREFILL)
-        return min(left, self.max_num_batched_tokens)
-
-    def _settle_skips(self, request: Request) -> None:
-        """Account the steps skipped since the request was last planned: each drafted 0 tokens, and what the request
-        has seen fades for each (drafting resumes when it pays)."""
-        skipped = self._skipped - request.skipped_at
-        if skipped:
-            request.metrics.record_draft_length(0, skipped)
-            request.acceptance.idle_steps += skipped
-            request.skipped_at = self._skipped
-
     def _release(self, request: Request) -> None:
-        if request.metrics.first_token_time is not None:  # it decoded: its skipped steps are owed
-            self._settle_skips(request)
+        if self.drafting is not None:
+            self.drafting.planner.released(request)
         request.metrics.finish_time = time.perf_counter()
         request.metrics.num_generated_tokens = len(request.generated)
         if not request.text and self.detokenize is not None:
             request.text = self.detokenize(request.generated)
         self._free_caches(request)
-        if self.drafter is not None:
-            self._batch_changed()
         self.running.remove(request)
         self.finished.append(request)
         self.metrics.add(request.metrics)
@@ -724,7 +600,3 @@ def _prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> None:
             request.prompt_logprobs.append(
                 token_logprob(row, int(request.prompt[position]), request.config.prompt_logprobs)
             )
-
-
-def _context_rows(item: DraftItem) -> int:
-    return 0 if item.context is None else len(item.context)

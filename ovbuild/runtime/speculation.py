@@ -192,7 +192,7 @@ class Speculation:
     # out, a drafting step looked cheaper than it was, and the demo pair drafted one request at a time at 0.88x of
     # never drafting while its plans expected a gain.
     draft_host_s: float = 0.0
-    calibration_tried: bool = False  # calibration runs once, before the first plan (see Scheduler._calibrate)
+    calibration_tried: bool = False  # calibration runs once, before the first plan (see DraftStep.step)
     # where a calibration's timings are kept and found (ovbuild.runtime.calibration.CalibrationCache); None: timed
     calibration_cache: object | None = None
     # Steps between plans while the last plans drafted for nobody (doubling up to MAX_PLAN_BACKOFF). Kept here, across
