@@ -156,7 +156,7 @@ def lengths_line(histogram: list[int]) -> str:
 def implied(pipeline: Pipeline, n: int, taus: list[float], context: int, repeats: int) -> dict[float, dict]:
     """bench_cost_model's figures for the same calls at these taus: its `after` (the adaptive plan) per tau."""
     bench_cost_model.TAUS = tuple(taus)
-    args = argparse.Namespace(context=context, tau_context=4, repeats=repeats, shape="qwen3-4b")
+    args = argparse.Namespace(context=context, tau_context=4, rounds=repeats, seed=0, shape="qwen3-4b")
     rows = bench_cost_model.measure(pipeline.target, pipeline.drafter, n, args, np.random.default_rng(0))
     for s in range(n):  # the timed calls ran under sequence ids 0..n-1
         pipeline.target.free(s)
