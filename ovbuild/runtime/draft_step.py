@@ -52,6 +52,7 @@ class DraftPlanner:
         self.max_candidates, self.candidate_offset, self.max_rows = max_candidates, candidate_offset, max_rows
         self.skips_left = 0  # steps left without a draft-length plan (Speculation.backoff after a plan for nobody)
         self.skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
+        self.idle = 0  # steps since the last plan in which nobody drafted (the run-wide evidence ages by them)
 
     def block_rows(self, k: int) -> int:
         """Rows of a draft block proposing k tokens."""
@@ -74,6 +75,7 @@ class DraftPlanner:
             # counted in bulk when it is next planned or finishes (settle), not request by request per step.
             self.skips_left -= 1
             self.skipped += 1
+            self.idle += 1
             return DraftPlan()
         live = [r for r in running if r.status is not Status.FINISHED]
         flush = any(r.pending_rows > FLUSH_ROWS for r in live)
@@ -100,6 +102,7 @@ class DraftPlanner:
                 free.append((request, longest))
         if free and self.skips_left > 0:
             self.skips_left -= 1  # the last plan drafted for nobody: the target alone runs, no plan is made
+            self.idle += 1
             for request, longest in free:
                 lengths[request.id] = 0
                 request.acceptance.idle_steps += longest > 0
@@ -110,6 +113,8 @@ class DraftPlanner:
             context = sum(r.pending_rows for r in live)
             for request, _ in free:
                 request.acceptance.settle(IDLE_DECAY)  # the steps skipped since the last plan fade it too
+            self.speculation.age(self.idle)
+            self.idle = 0
             chosen = self.speculation.plan(
                 [(r.acceptance, longest) for r, longest in free],
                 fixed_target,
@@ -124,6 +129,7 @@ class DraftPlanner:
                     request.acceptance.idle_steps += 1  # what it missed fades: drafting resumes when it pays
             # While drafting pays for nobody, plan every 2nd, 4th, 8th, ... step (see MAX_PLAN_BACKOFF)
             spec = self.speculation
+            self.idle += not any(chosen)
             spec.backoff = 0 if any(chosen) else min(2 * spec.backoff or 1, MAX_PLAN_BACKOFF)
             self.skips_left = spec.backoff
         return lengths

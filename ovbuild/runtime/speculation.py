@@ -38,10 +38,18 @@ _BUCKET_EDGES = [float(np.sqrt(a * b)) for a, b in itertools.pairwise(BUCKETS)]
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 PRIOR_ACCEPTANCE = 0.6  # of each position before anything is observed: optimistic enough to try drafting
 PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
-# Standard errors added to the run-wide estimate: a greedy planner that stopped drafting on a few early misses would
-# never see the evidence that it was wrong (the demo pair's first request, rejected twice, kept a whole pipeline from
-# drafting again); the bonus shrinks as verifications add up, so a draft that is really poor is still dropped.
+# Standard errors added to the run-wide estimate that plans choose by: a greedy planner that stopped drafting on a few
+# early misses would never see the evidence that it was wrong (the demo pair's first request, rejected twice, kept a
+# whole pipeline from drafting again); the bonus shrinks as verifications add up, so a draft that is really poor is
+# still dropped. What a plan expects (for the realism, below) is taken without it: counted in, the bonus on positions
+# short plans never reach (0.6 -> 0.95) made full-block plans expect far more than they got, and the realism that
+# followed (0.47) kept the demo pair from drafting where full blocks ran 1.3x as fast.
 OPTIMISM = 1.0
+# Per step in which nobody drafts, the run-wide evidence (and the realism's counts) fade by this much: the planner
+# learns only from the steps it drafts in, so an estimate made in a bad moment (early misses, a busy machine) would
+# otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
+# half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
+RUN_IDLE_DECAY = 0.997
 REQUEST_WEIGHT = 4.0  # observations the run-wide estimate is worth in a request's own
 DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
 IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
@@ -202,7 +210,8 @@ class Speculation:
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed (changed by record only)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
-    _run_estimate: list[float] | None = field(init=False, default=None)  # survival's run-wide term, until a record
+    # survival's run-wide terms (optimistic, plain), until a record or aging moves them
+    _run_estimate: tuple[list[float], list[float]] | None = field(init=False, default=None)
     # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
     expected_tokens: float = field(init=False, default=0.0)
     accepted_tokens: float = field(init=False, default=0.0)
@@ -250,21 +259,35 @@ class Speculation:
         """Accepted per expected draft token of the plans so far (1.0 before any: the prior)."""
         return (self.accepted_tokens + REALISM_PRIOR) / (self.expected_tokens + REALISM_PRIOR)
 
-    def survival(self, stats: list[AcceptanceStats]) -> list[list[float]]:
-        """s [requests][max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request."""
-        if self._run_estimate is None:  # only verifications move it: plans while nobody drafts reuse it
+    def survival(self, stats: list[AcceptanceStats], optimistic: bool = True) -> list[list[float]]:
+        """s [requests][max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request;
+        optimistic: with the run-wide estimate's OPTIMISM bonus (what plans choose by), else without (what they
+        expect)."""
+        if self._run_estimate is None:  # only verifications and aging move it: plans in between reuse it
             seen = self.run.reached + PRIOR_WEIGHT
             run = (self.run.accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / seen
-            self._run_estimate = np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0).tolist()
+            bonus = OPTIMISM * np.sqrt(run * (1 - run) / seen)
+            self._run_estimate = np.minimum(run + bonus, 1.0).tolist(), run.tolist()
+        estimate = self._run_estimate[0 if optimistic else 1]
         survival = []
         for request in stats:
             chance, row = 1.0, []
-            positions = zip(request.accepted.tolist(), request.reached.tolist(), self._run_estimate, strict=True)
+            positions = zip(request.accepted.tolist(), request.reached.tolist(), estimate, strict=True)
             for accepted, reached, run in positions:
                 chance *= (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)
                 row.append(chance)
             survival.append(row)
         return survival
+
+    def age(self, idle_steps: int) -> None:
+        """Steps in which nobody drafted: the run-wide evidence and the realism's counts fade (RUN_IDLE_DECAY)."""
+        if idle_steps <= 0:
+            return
+        fade = RUN_IDLE_DECAY**idle_steps
+        self.run.fade(fade)
+        self.expected_tokens *= fade
+        self.accepted_tokens *= fade
+        self._run_estimate = None
 
     def plan(
         self,
@@ -320,7 +343,8 @@ class Speculation:
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
-        for (stats, _), chances, k in zip(free, survival, lengths, strict=True):
+        plain = self.survival([s for s, _ in free], optimistic=False)
+        for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
         return lengths
 
