@@ -361,3 +361,21 @@ def test_a_steered_draft_accepts_each_position_with_the_chance_it_is_set_to(mode
     shares = [np.mean([c > j for c in full]) for j in range(3)]
     assert len(full) > 100
     assert shares == pytest.approx([a, a**2, a**3], abs=0.08), shares
+
+
+def test_the_run_wide_evidence_fades_while_nobody_drafts():
+    """A run whose first verifications all missed stops drafting; steps in which nobody drafts fade that evidence
+    back towards the prior, so the planner tries again (the draft's misses may have been a bad moment), and the
+    realism's counts fade alike."""
+    spec = Speculation(7, 1, fixed_cost(2.8e-3, 3e-5), fixed_cost(1.4e-3, 1e-5), host_s=5e-4, learn_host=False)
+    misses = 0
+    while misses < 40 and (k := spec.plan([(fresh := spec.new_stats(), 7)], 1, 0, 0, False)[0]):
+        spec.record(fresh, k, 0)  # every proposal rejected at its first token
+        misses += 1
+    assert k == 0 and misses > 0, "the planner kept drafting a draft that never hit"
+    expected, accepted = spec.expected_tokens, spec.accepted_tokens
+    spec.age(1)
+    assert spec.plan([(spec.new_stats(), 7)], 1, 0, 0, False) == [0], "one idle step is not a reason to try again"
+    spec.age(1000)
+    assert spec.plan([(spec.new_stats(), 7)], 1, 0, 0, False)[0] > 0
+    assert spec.expected_tokens < 0.1 * expected and spec.accepted_tokens <= accepted

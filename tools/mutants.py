@@ -337,8 +337,22 @@ MUTANTS = (
     Mutant(
         "speculation-no-exploration",
         "ovbuild/runtime/speculation.py",
-        "np.minimum(run + OPTIMISM * np.sqrt(run * (1 - run) / seen), 1.0).tolist()",
-        "run.tolist()",
+        "bonus = OPTIMISM * np.sqrt(run * (1 - run) / seen)",
+        "bonus = 0.0 * seen",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-evidence-never-ages",
+        "ovbuild/runtime/speculation.py",
+        "fade = RUN_IDLE_DECAY**idle_steps",
+        "fade = 1.0",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-expects-the-optimistic-tokens",
+        "ovbuild/runtime/speculation.py",
+        "plain = self.survival([s for s, _ in free], optimistic=False)",
+        "plain = survival",
         PLANNER,
     ),
     Mutant(
