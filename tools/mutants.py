@@ -337,8 +337,22 @@ MUTANTS = (
     Mutant(
         "speculation-no-exploration",
         "ovbuild/runtime/speculation.py",
-        "bonus = OPTIMISM * np.sqrt(run * (1 - run) / seen)",
+        "bonus = OPTIMISM * np.sqrt(np.array(run) * (1 - np.array(run)) / seen)",
         "bonus = 0.0 * seen",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-fixed-prior-for-deep-positions",
+        "ovbuild/runtime/speculation.py",
+        "prior = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)  # the next position's prior",
+        "prior = (accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (reached + PRIOR_WEIGHT)",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-context-charged-in-full",
+        "ovbuild/runtime/speculation.py",
+        "draft = (self.draft_cost(own) + ingest / CATCH_UP_STEPS).tolist()",
+        "draft = (self.draft_cost(own) + ingest).tolist()",
         PLANNER,
     ),
     Mutant(
