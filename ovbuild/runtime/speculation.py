@@ -7,13 +7,13 @@ expected tokens per second of the next step,
 
 where tokens(k) = sum over requests of 1 + r (s_1 + ... + s_k) (s_j: the chance that the first j proposals are all
 accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
-error optimistic so that early misses do not stop drafting for good; r, the realism: tokens accepted per token the
-plans expected, see REALISM_PRIOR), and the call times are measured as a function of
-rows (calibrated once, then updated from every call); host time is measured apart for steps with and without a draft
-call. The draft works for the rows it runs: a request drafting k tokens costs k + 1 target rows and k +
-candidate_offset draft rows (the drafter runs a block of that length), plus its pending context rows, which any draft
-call carries for every request. A plan that makes a draft call where none is needed must beat not drafting by
-DRAFT_MARGIN.
+error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
+tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
+measured as a function of rows (calibrated once, then updated from every call); host time is measured apart for steps
+with and without a draft call. The draft works for the rows it runs: a request drafting k tokens costs k + 1 target
+rows and k + candidate_offset draft rows (the drafter runs a block of that length); the context rows any draft call
+carries for every request (pending taps, a gap's) serve every later step and are charged at a share (CATCH_UP_STEPS).
+A plan that makes a draft call where none is needed must beat not drafting by DRAFT_MARGIN.
 
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
@@ -212,7 +212,7 @@ class Speculation:
     # 64-token request made 6 plans where 2 would do.
     backoff: int = 0
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
-    run: AcceptanceStats = field(init=False)  # every request's verifications, undecayed (changed by record only)
+    run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
     # survival's run-wide terms (optimistic, plain), until a record or aging moves them
     _run_estimate: tuple[list[float], list[float]] | None = field(init=False, default=None)
@@ -354,7 +354,7 @@ class Speculation:
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
-        plain = self.survival([s for s, _ in free], optimistic=False)
+        plain = self.survival([s for s, _ in free], optimistic=False) if best else [[]] * len(free)
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
         return lengths
