@@ -337,7 +337,7 @@ MUTANTS = (
     Mutant(
         "speculation-no-exploration",
         "ovbuild/runtime/speculation.py",
-        "bonus = OPTIMISM * np.sqrt(np.array(run) * (1 - np.array(run)) / seen)",
+        "bonus = OPTIMISM * np.sqrt(plain * (1 - plain) / seen)",
         "bonus = 0.0 * seen",
         PLANNER,
     ),
@@ -351,8 +351,8 @@ MUTANTS = (
     Mutant(
         "speculation-context-charged-in-full",
         "ovbuild/runtime/speculation.py",
-        "draft = (self.draft_cost(own) + ingest / CATCH_UP_STEPS).tolist()",
-        "draft = (self.draft_cost(own) + ingest).tolist()",
+        "draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()",
+        "draft = (blocks_s + ingest).tolist()",
         PLANNER,
     ),
     Mutant(

@@ -273,8 +273,9 @@ class Speculation:
                 prior = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)  # the next position's prior
                 run.append(prior)
             seen = self.run.reached + PRIOR_WEIGHT
-            bonus = OPTIMISM * np.sqrt(np.array(run) * (1 - np.array(run)) / seen)
-            self._run_estimate = np.minimum(np.array(run) + bonus, 1.0).tolist(), run
+            plain = np.array(run)
+            bonus = OPTIMISM * np.sqrt(plain * (1 - plain) / seen)
+            self._run_estimate = np.minimum(plain + bonus, 1.0).tolist(), run
         estimate = self._run_estimate[0 if optimistic else 1]
         survival = []
         for request in stats:
@@ -338,8 +339,9 @@ class Speculation:
             caught.append(caught[-1] + (gaps[request] if j == 0 else 0))  # a first proposal brings its gap's rows
         target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
         own = np.array(blocks) + fixed_draft_rows  # the blocks' rows; the context rows' share is charged apart
-        ingest = self.draft_cost(own + np.array(caught) + context_rows) - self.draft_cost(own)
-        draft = (self.draft_cost(own) + ingest / CATCH_UP_STEPS).tolist()
+        blocks_s = self.draft_cost(own)
+        ingest = self.draft_cost(own + np.array(caught) + context_rows) - blocks_s
+        draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()
         if caught[-1]:
             catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
             draft = [d + c for d, c in zip(draft, catch, strict=True)]
