@@ -216,3 +216,22 @@ def test_a_copy_that_does_not_compile_is_one_clear_error(target, monkeypatch):
     assert "for 6 rows does not compile on CPU (std::bad_alloc); --static-rows off" in str(error), str(error)
     again = {"input_ids": tokens(3), "position_ids": [3, 4, 5], "logits_indices": [2]}
     assert model.run([SequenceRows(0, 3, 3)], again)["logits"].shape[0] == 1, "the copy compiled before still runs"
+
+
+@pytest.mark.parametrize("requested", ["f32", None], ids=["f32", "default"])
+def test_rows_compute_bitwise_alike_in_any_call_of_a_dynamic_model(target, requested):
+    """A target too big for copies runs in the dynamic-shape model, where the plugin rounds a 1-row call other than
+    a call of more rows: its 1-row calls run with a padding row (paged_model.MIN_ROWS), so the target alone's
+    decode rows compute bitwise as its verification rows do, beside a prompt chunk or not."""
+    cfg, weights = target
+    math = target_inference_precision("CPU", requested, "f16")
+    model = PagedModel(build_target(cfg, weights, TAPS), "CPU", "f16", math, static_rows=False)
+    context, new = tokens(40), tokens(12)
+    alone = rows_in_calls(model, context, new, 1, 0)
+    for width, beside in ((2, 0), (5, 0), (12, 0), (1, LONG), (3, 20)):
+        got = rows_in_calls(model, context, new, width, beside)
+        assert np.array_equal(got, alone), (
+            f"{math}: {width} rows per call beside {beside} prompt rows differ from 1-row calls by "
+            f"{np.abs(got - alone).max():.3g}"
+        )
+    assert PAD_SEQUENCE not in model.cache.allocator.tables, "the padding row's block is not the pool's"

@@ -605,6 +605,13 @@ MUTANTS = (
         UNTAPPED,
     ),
     Mutant(
+        "dynamic-model-runs-1-row-calls-unpadded",
+        "ovbuild/runtime/paged_model.py",
+        "    return DynamicExecutor(model, MIN_ROWS if pinned else 1)\n",
+        "    return DynamicExecutor(model, 1)\n",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
         "untapped-sibling-for-any-size",
         "ovbuild/runtime/paged_model.py",
         "        small = weights <= MAX_WEIGHT_BYTES // 2\n",

@@ -33,6 +33,12 @@ from ovbuild.runtime.static_rows import (
 )
 
 KV_PRECISIONS = ("u8", "f16", "bf16", "f32")
+# Rows a CPU model's call runs at least (padded up to them) where no copies or row padding set its row count: the
+# plugin takes other kernels for a 1-row call than for more rows, at every weight precision (a Qwen3-4B-wide target's
+# logits moved by up to 9e-6), whereas a row computes bitwise alike in any call of 2 rows or more. So the target
+# alone's decode rounds as its verification rows do, and greedy speculation stays exact. At Qwen3-4B width the extra
+# row cost nothing measurable: a decode reads every weight either way.
+MIN_ROWS = 2
 INFERENCE_PRECISIONS = ("f32", "bf16", "f16")  # INFERENCE_PRECISION_HINT values; None = the device default
 # A hybrid target's linear-attention states take slots from the cache budget: enough for this many sequences, but at
 # most STATE_SHARE of the budget (the KV blocks get the rest; admission waits for both).
@@ -118,8 +124,11 @@ class PagedModel:
             static_rows = self.row_subsequences and weights <= MAX_WEIGHT_BYTES
         elif static_rows and not self.row_subsequences:
             raise UnsupportedError("static row counts run on CPU, for a model without linear-attention states")
-        # the copies' padding rows have blocks of their own for good, beyond the budget's
+        # Padding rows have blocks of their own for good, beyond the budget's: the copies' (up to the largest copy),
+        # and the one row that a dynamic model without row padding adds to a 1-row call (DynamicExecutor).
         pinned = (PAD_SEQUENCE, COPY_ROWS[-1]) if static_rows else None
+        if not static_rows and padding is None and self.row_subsequences:
+            pinned = (PAD_SEQUENCE, MIN_ROWS - 1)
         if cache_from is None:
             self.cache = PagedKVCache(self.compiled, self.request, num_blocks, pinned)
         else:
@@ -286,23 +295,30 @@ class Executor(Protocol):
 
 
 def choose_executor(model: PagedModel, padding: tuple[int, float] | None) -> Executor:
-    """Static copies where the model has them; else padded calls where asked, except for a hybrid target, whose states
-    are per sequence (a padding sequence would need their inputs); else calls as they are."""
+    """Static copies where the model has them; else, except for a hybrid target, whose states are per sequence (a
+    padding sequence would need their inputs), padded calls where asked, or calls of at least MIN_ROWS rows where the
+    padding rows have blocks of their own; else calls as they are."""
     if model.static is not None:
         return StaticExecutor(model)
-    if padding is not None and model.states is None:
+    if model.states is not None:
+        return DynamicExecutor(model)
+    if padding is not None:
         return PaddedExecutor(model, RowPadding(*padding))
-    return DynamicExecutor(model)
+    pinned = PAD_SEQUENCE in model.cache.allocator.pinned  # none on a cache shared from another model
+    return DynamicExecutor(model, MIN_ROWS if pinned else 1)
 
 
 @dataclass
 class DynamicExecutor:
-    """Every call as it is, in the dynamic-shape model."""
+    """Every call in the dynamic-shape model, as it is or padded up to min_rows rows."""
 
     model: PagedModel
+    min_rows: int = 1
 
     def run(self, rows: list[SequenceRows], inputs: dict, state_rows: list[list[int]] | None) -> dict:
-        return self.model._call(rows, inputs, state_rows, self.model.request, self.model.binder, 0)
+        m = self.model
+        pad = max(0, self.min_rows - sum(r.num_rows for r in rows))
+        return m._call(rows, inputs, state_rows, m.request, m.binder, pad)
 
 
 @dataclass
