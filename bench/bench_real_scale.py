@@ -207,7 +207,9 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
     )
     harness.require_equal(rounds.outputs, "alone")
     decoded = n * (args.new_tokens - 1)  # the first token of each request comes from its prefill
-    figures = implied(serving.pipeline, n, args.taus, args.prompt_tokens, args.rounds) if args.cost_model else {}
+    # one call per case and round there: more rounds than the runs take, or the yardstick is noisier than the runs
+    repeats = max(3 * args.rounds, 9)
+    figures = implied(serving.pipeline, n, args.taus, args.prompt_tokens, repeats) if args.cost_model else {}
     print(f"\n{n} request{'s' if n > 1 else ''} at once, {args.prompt_tokens}-token prompts, {args.new_tokens} new "
           f"tokens each, {args.rounds} rounds; decode phase (after the first token; the prefill is the same work on "
           "both sides), and whole runs:")  # fmt: skip
