@@ -95,13 +95,16 @@ def test_call_cost_interpolates_extrapolates_and_resists_spikes():
     cost.observe(1, 1.0)
     cost.observe(8, 2.0)
     assert cost(np.array([1, 4.5, 8, 15])) == pytest.approx([1.0, 1.5, 2.0, 3.0])
-    for seconds in (4.0, 3.0, 40.0):  # bucket 8 holds 2, 4, 3, 40: its estimate is the median call, spike or not
+    # bucket 8 holds 2, 4, 3, 40: its estimate is the median call, the lower of the middle two, spike or not
+    for seconds in (4.0, 3.0, 40.0):
         cost.observe(8, seconds)
-    assert cost(8) == pytest.approx(4.0) and cost.fastest(8) == 2.0
+    assert cost(8) == pytest.approx(3.0) and cost.fastest(8) == 2.0
     # a spike on a smaller bucket, seen once: pooled with the larger bucket's four calls, so more rows never look
     # cheaper and one call does not outweigh four
     cost.observe(4, 9.0)
-    assert cost(4) == pytest.approx((9.0 + 4 * 4.0) / 5) == cost(8) and cost(2) <= cost(4)
+    assert cost(4) == pytest.approx((9.0 + 4 * 3.0) / 5) == cost(8) and cost(2) <= cost(4)
+    cost.observe(4, 2.0)  # with a second call, the spike is the upper of two: the bucket's estimate is the other
+    assert cost(4) == pytest.approx(2.0)
     for _ in range(16):  # a lucky fast call in a large bucket no longer flattens the smaller ones
         cost.observe(1, 1.0)
         cost.observe(4, 2.5)

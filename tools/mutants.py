@@ -330,7 +330,7 @@ MUTANTS = (
     Mutant(
         "speculation-cost-latest-call-only",
         "ovbuild/runtime/speculation.py",
-        "sorted(recent, key=lambda call: call[1])[len(recent) // 2]",
+        "sorted(recent, key=lambda call: call[1])[(len(recent) - 1) // 2]",
         "recent[-1]",
         PLANNER,
     ),
