@@ -18,6 +18,7 @@ from ovbuild.runtime.speculation import (
     CATCH_UP_STEPS,
     DRAFT_MARGIN,
     MAX_PLAN_BACKOFF,
+    PHASE_CALLS,
     REPLAN_AFTER_CHANGE,
     AcceptanceStats,
     CallCost,
@@ -110,6 +111,39 @@ def test_call_cost_interpolates_extrapolates_and_resists_spikes():
         cost.observe(4, 2.5)
     cost.observe(16, 0.5)
     assert cost(1) < cost(4) <= cost(16)
+
+
+def test_call_cost_leaves_out_buckets_of_another_phase_and_a_plan_times_an_outdated_plain_step():
+    """Calls of one phase of a run (one request at a time) must not price the next (four at once): a bucket with no
+    call among the last PHASE_CALLS starts afresh at its next call and stays out of the curve while two or more
+    buckets are current; a plan that would draft while the plain step's bucket is outdated runs the plain step."""
+    cost = CallCost()
+    for _ in range(3):  # the earlier phase: 4 rows looked dear
+        cost.observe(4, 9.0)
+    cost.observe(8, 9.5)
+    for _ in range(PHASE_CALLS):
+        cost.observe(16, 4.0)
+        cost.observe(24, 5.0)
+    assert cost.outdated(4) and cost.outdated(8) and not cost.outdated(16)
+    assert cost(4) == pytest.approx(4.0), "the current buckets alone set the curve (flat below the first)"
+    cost.observe(4, 2.0)
+    assert not cost.outdated(4) and cost(4) == pytest.approx(2.0), "the old 9.0 is gone, not pooled"
+    assert cost(8) == pytest.approx(2.0 + (4.0 - 2.0) * 4 / 12), "bucket 8, outdated, is left out"
+
+    def plan_with(target: CallCost) -> list[int]:
+        spec = Speculation(4, 1, target, fixed_cost(1e-4, 1e-6))
+        spec.host_s = spec.draft_host_s = 0.0
+        return spec.plan([(stats([0.95] * 4), 4)], 1, 0, 0, False)
+
+    target = CallCost()
+    for rows in (1, 2, 4, 6):
+        target.observe(rows, 1e-3)  # drafting costs no more than a plain step
+    assert plan_with(target) == [4]
+    for _ in range(PHASE_CALLS + 1):
+        target.observe(6, 1e-3)  # only drafting steps since: the plain step's 1-row bucket is out of date
+    assert target.outdated(1) and plan_with(target) == [0]
+    target.observe(1, 1e-3)
+    assert plan_with(target) == [4]
 
 
 @pytest.mark.parametrize("right", [True, False])

@@ -323,15 +323,29 @@ MUTANTS = (
     Mutant(
         "speculation-cost-not-monotone",
         "ovbuild/runtime/speculation.py",
-        "self._fit = self.rows[self.seen], _monotone(self.seconds[self.seen], np.maximum(calls, 1))",
-        "self._fit = self.rows[self.seen], self.seconds[self.seen]",
+        "self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))",
+        "self._fit = self.rows[use], self.seconds[use]",
         PLANNER,
     ),
     Mutant(
         "speculation-cost-latest-call-only",
         "ovbuild/runtime/speculation.py",
-        "sorted(recent, key=lambda call: call[1])[(len(recent) - 1) // 2]",
+        "sorted(recent, key=lambda call: call[1])[middle]",
         "recent[-1]",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-cost-keeps-another-phase",
+        "ovbuild/runtime/speculation.py",
+        "            recent.clear()  # its calls are from another phase of the run\n",
+        "            pass\n",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-drafts-on-an-outdated-plain-step",
+        "ovbuild/runtime/speculation.py",
+        "        if not anyway and best and self.target_cost.outdated(fixed_target_rows):\n",
+        "        if False:\n",
         PLANNER,
     ),
     Mutant(

@@ -84,14 +84,21 @@ REPLAN_AFTER_CHANGE = 4
 # token expected: a prior of REALISM_PRIOR tokens at 1.0, each verification's counts decaying by REALISM_DECAY.
 REALISM_PRIOR = 8.0
 REALISM_DECAY = 0.98
+# A row bucket without a call among its model's last PHASE_CALLS calls describes another phase of the run (one request
+# at a time, then four at once; a busy machine, then a quiet one): its next call starts it afresh, and while two or more
+# buckets have recent calls the curve is fitted to those alone. A plan that would draft while the plain step's bucket
+# is out of date runs that plain step instead, once, to time it: on the demo pair, 4 requests at once drafted in every
+# step against a 4-row call time left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
+PHASE_CALLS = 128
 
 
 class CallCost:
     """Seconds one call takes as a function of its rows. Per row bucket: the median of the recent calls (robust to a
     shared machine's spikes; of an even count the lower middle one, so that a bucket of two calls, one of them a
     spike, is not set by the spike: on the demo pair a 4-row bucket of 3.6 and 10.4 ms made 4 target rows look as
-    dear as 12, and 4 requests at once drafted in every step); made non-decreasing in rows by pooling neighbouring buckets that disagree, each weighted
-    by its calls; interpolated between buckets, extrapolated linearly beyond the last.
+    dear as 12, and 4 requests at once drafted in every step); made non-decreasing in rows by pooling neighbouring
+    buckets that disagree, each weighted by its calls; interpolated between buckets, extrapolated linearly beyond the
+    last; buckets of another phase of the run left out (PHASE_CALLS).
 
     The median, not a low quantile, and pooling, not capping each bucket by the larger ones: a lucky fast call in the
     8-row bucket used to flatten the whole curve, so that 8 verification rows looked as cheap as 1 and the demo pair
@@ -104,6 +111,8 @@ class CallCost:
         self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's estimate
         self.seconds = np.zeros(len(BUCKETS))
         self.seen = np.zeros(len(BUCKETS), bool)
+        self.calls = 0  # calls observed so far, and the count at each bucket's last one
+        self.last = np.zeros(len(BUCKETS), np.int64)
         self._stale: set[int] = set()  # buckets with calls not yet in their median (taken when a plan asks)
         self._fit: tuple[np.ndarray, np.ndarray] | None = None  # (rows, seconds) of the monotone curve, when current
 
@@ -121,6 +130,10 @@ class CallCost:
             self.seen[b] = True
         elif self.window == 0:
             return
+        self.calls += 1
+        if self.calls - self.last[b] > PHASE_CALLS:
+            recent.clear()  # its calls are from another phase of the run
+        self.last[b] = self.calls
         recent.append((rows, seconds))
         if len(recent) > max(self.window, 1):
             del recent[0]
@@ -132,15 +145,23 @@ class CallCost:
         recent = self.recent[bisect.bisect_left(_BUCKET_EDGES, rows)]
         return min((seconds for _, seconds in recent), default=float("nan"))
 
+    def outdated(self, rows: int) -> bool:
+        """Whether the bucket nearest `rows` has calls, none of them among the last PHASE_CALLS."""
+        b = bisect.bisect_left(_BUCKET_EDGES, rows)
+        return bool(self.seen[b] and self.window and self.calls - self.last[b] > PHASE_CALLS)
+
     def __call__(self, rows: np.ndarray | int) -> np.ndarray:
         """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
         if self._fit is None:
             for b in self._stale:
                 recent = self.recent[b]
-                self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[(len(recent) - 1) // 2]  # median
+                middle = (len(recent) - 1) // 2  # the median call; of an even count the lower middle one
+                self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[middle]
             self._stale.clear()
-            calls = np.array([len(r) for r in self.recent], np.float64)[self.seen]
-            self._fit = self.rows[self.seen], _monotone(self.seconds[self.seen], np.maximum(calls, 1))
+            current = self.seen & (self.calls - self.last <= PHASE_CALLS) if self.window else self.seen
+            use = current if current.sum() >= 2 else self.seen
+            calls = np.array([len(r) for r in self.recent], np.float64)[use]
+            self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))
         x, y = self._fit  # buckets in increasing rows
         if len(x) == 0:
             return np.zeros(np.shape(rows))
@@ -355,6 +376,8 @@ class Speculation:
         best = rates.index(max(rates))  # the fewest proposals among equally good plans
         if not anyway and best and rates[best] < DRAFT_MARGIN * rates[0]:
             best = 0  # a draft call that is not needed anyway must promise more than the costs' noise
+        if not anyway and best and self.target_cost.outdated(fixed_target_rows):
+            best = 0  # what the plain step costs now is not known: run one to time it (PHASE_CALLS)
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
