@@ -115,17 +115,19 @@ def test_call_cost_interpolates_extrapolates_and_resists_spikes():
 
 def test_call_cost_leaves_out_buckets_of_another_phase_and_a_plan_times_an_outdated_plain_step():
     """Calls of one phase of a run (one request at a time) must not price the next (four at once): a bucket with no
-    call among the last PHASE_CALLS starts afresh at its next call and stays out of the curve while two or more
-    buckets are current; a plan that would draft while the plain step's bucket is outdated runs the plain step."""
+    call among the last PHASE_CALLS starts afresh at its next call and, below the current buckets, stays out of the
+    curve while two or more buckets are current; a plan that would draft while the plain step's bucket is outdated runs the plain step."""
     cost = CallCost()
     for _ in range(3):  # the earlier phase: 4 rows looked dear
         cost.observe(4, 9.0)
     cost.observe(8, 9.5)
+    cost.observe(48, 20.0)  # and so did 48 rows, which no call of the next phase runs
     for _ in range(PHASE_CALLS):
         cost.observe(16, 4.0)
         cost.observe(24, 5.0)
     assert cost.outdated(4) and cost.outdated(8) and not cost.outdated(16)
-    assert cost(4) == pytest.approx(4.0), "the current buckets alone set the curve (flat below the first)"
+    assert cost(4) == pytest.approx(4.0), "the current buckets set the curve below them (flat below the first)"
+    assert cost(48) == pytest.approx(20.0), "an older bucket of more rows is kept: the current slope would say 8"
     cost.observe(4, 2.0)
     assert not cost.outdated(4) and cost(4) == pytest.approx(2.0), "the old 9.0 is gone, not pooled"
     assert cost(8) == pytest.approx(2.0 + (4.0 - 2.0) * 4 / 12), "bucket 8, outdated, is left out"

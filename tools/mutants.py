@@ -342,6 +342,13 @@ MUTANTS = (
         PLANNER,
     ),
     Mutant(
+        "speculation-cost-drops-outdated-buckets-beyond-the-current",
+        "ovbuild/runtime/speculation.py",
+        "use = self.seen & (current | (BUCKETS[current].max() < BUCKETS))",
+        "use = self.seen & current",
+        PLANNER,
+    ),
+    Mutant(
         "speculation-drafts-on-an-outdated-plain-step",
         "ovbuild/runtime/speculation.py",
         "        if not anyway and best and self.target_cost.outdated(fixed_target_rows):\n",

@@ -86,9 +86,10 @@ REALISM_PRIOR = 8.0
 REALISM_DECAY = 0.98
 # A row bucket without a call among its model's last PHASE_CALLS calls describes another phase of the run (one request
 # at a time, then four at once; a busy machine, then a quiet one): its next call starts it afresh, and while two or more
-# buckets have recent calls the curve is fitted to those alone. A plan that would draft while the plain step's bucket
-# is out of date runs that plain step instead, once, to time it: on the demo pair, 4 requests at once drafted in every
-# step against a 4-row call time left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
+# buckets have recent calls the curve is fitted to those and to older ones of more rows. A plan that would draft while
+# the plain step's bucket is out of date runs that plain step instead, once, to time it: on the demo pair, 4 requests
+# at once drafted in every step against a 4-row call time left from one request at a time (4.6 ms, where 4-row steps
+# took 3.5 to 3.9 ms).
 PHASE_CALLS = 128
 
 
@@ -159,7 +160,12 @@ class CallCost:
                 self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[middle]
             self._stale.clear()
             current = self.seen & (self.calls - self.last <= PHASE_CALLS) if self.window else self.seen
-            use = current if current.sum() >= 2 else self.seen
+            # outdated buckets above the current ones stay: without them the curve would extend the current ones'
+            # slope to row counts no recent call ran (16 requests at once, not drafting, then priced their
+            # verification rows from 12 and 16 rows alone, and drafted at 0.86x)
+            use = self.seen
+            if current.sum() >= 2:
+                use = self.seen & (current | (BUCKETS[current].max() < BUCKETS))
             calls = np.array([len(r) for r in self.recent], np.float64)[use]
             self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))
         x, y = self._fit  # buckets in increasing rows
