@@ -316,8 +316,8 @@ class DynamicExecutor:
     min_rows: int = 1
 
     def run(self, rows: list[SequenceRows], inputs: dict, state_rows: list[list[int]] | None) -> dict:
-        m = self.model
-        pad = max(0, self.min_rows - sum(r.num_rows for r in rows))
+        m, real = self.model, sum(r.num_rows for r in rows)
+        pad = self.min_rows - real if 0 < real < self.min_rows else 0
         return m._call(rows, inputs, state_rows, m.request, m.binder, pad)
 
 
