@@ -116,7 +116,8 @@ def test_call_cost_interpolates_extrapolates_and_resists_spikes():
 def test_call_cost_leaves_out_buckets_of_another_phase_and_a_plan_times_an_outdated_plain_step():
     """Calls of one phase of a run (one request at a time) must not price the next (four at once): a bucket with no
     call among the last PHASE_CALLS starts afresh at its next call and, below the current buckets, stays out of the
-    curve while two or more buckets are current; a plan that would draft while the plain step's bucket is outdated runs the plain step."""
+    curve while two or more buckets are current; a plan that would draft while the plain step's bucket is outdated
+    runs the plain step."""
     cost = CallCost()
     for _ in range(3):  # the earlier phase: 4 rows looked dear
         cost.observe(4, 9.0)
