@@ -64,12 +64,13 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.moe import MOE_DESIGNS, moe_mlp
 from ovbuild.graph.ops import result
 from ovbuild.graph.weights import WeightPolicy
+from ovbuild.runtime.call_cost import BUCKETS
 from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import BUCKETS, AcceptanceStats, Speculation
+from ovbuild.runtime.speculation import AcceptanceStats, Speculation
 from ovbuild.targets import build_paged_target, load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target

@@ -12,8 +12,9 @@ from ovbuild.cli import main
 from ovbuild.demo import export_pair
 from ovbuild.runtime import calibration
 from ovbuild.runtime.calibration import CalibrationCache, calibration_key, folder_identity
+from ovbuild.runtime.call_cost import BUCKETS
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
-from ovbuild.runtime.speculation import BUCKETS, CALIBRATION_ROWS
+from ovbuild.runtime.speculation import CALIBRATION_ROWS
 
 PROMPTS = [list(range(3, 40)), list(range(50, 70))]
 

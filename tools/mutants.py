@@ -28,6 +28,7 @@ SPECULATIVE = (
 BF16 = ("tests/test_paged_parity.py", "tests/test_reference.py", "tests/test_dflash2_parity.py")
 QUANTIZED = ("tests/test_compression.py",)
 PLANNER = ("tests/test_speculation.py",)
+CALL_COST = ("tests/test_call_cost.py",)
 SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
 UNTAPPED = ("tests/test_untapped.py",)
@@ -322,31 +323,31 @@ MUTANTS = (
     ),
     Mutant(
         "speculation-cost-not-monotone",
-        "ovbuild/runtime/speculation.py",
+        "ovbuild/runtime/call_cost.py",
         "self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))",
         "self._fit = self.rows[use], self.seconds[use]",
-        PLANNER,
+        CALL_COST,
     ),
     Mutant(
         "speculation-cost-latest-call-only",
-        "ovbuild/runtime/speculation.py",
+        "ovbuild/runtime/call_cost.py",
         "sorted(recent, key=lambda call: call[1])[middle]",
         "recent[-1]",
-        PLANNER,
+        CALL_COST,
     ),
     Mutant(
         "speculation-cost-keeps-another-phase",
-        "ovbuild/runtime/speculation.py",
+        "ovbuild/runtime/call_cost.py",
         "            recent.clear()  # its calls are from another phase of the run\n",
         "            pass\n",
-        PLANNER,
+        CALL_COST,
     ),
     Mutant(
         "speculation-cost-drops-outdated-buckets-beyond-the-current",
-        "ovbuild/runtime/speculation.py",
+        "ovbuild/runtime/call_cost.py",
         "use = self.seen & (current | (BUCKETS[current].max() < BUCKETS))",
         "use = self.seen & current",
-        PLANNER,
+        CALL_COST,
     ),
     Mutant(
         "speculation-drafts-on-an-outdated-plain-step",

@@ -9,11 +9,12 @@ where tokens(k) = sum over requests of 1 + r (s_1 + ... + s_k) (s_j: the chance 
 accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
 error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
 tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
-measured as a function of rows (calibrated once, then updated from every call); host time is measured apart for steps
-with and without a draft call. The draft works for the rows it runs: a request drafting k tokens costs k + 1 target
-rows and k + candidate_offset draft rows (the drafter runs a block of that length); the context rows any draft call
-carries for every request (pending taps, a gap's) serve every later step and are charged at a share (CATCH_UP_STEPS).
-A plan that makes a draft call where none is needed must beat not drafting by DRAFT_MARGIN.
+measured as a function of rows (ovbuild.runtime.call_cost: calibrated once, then updated from every call); host time
+is measured apart for steps with and without a draft call. The draft works for the rows it runs: a request drafting k
+tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a block of that length); the
+context rows any draft call carries for every request (pending taps, a gap's) serve every later step and are charged
+at a share (CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not drafting by
+DRAFT_MARGIN.
 
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
@@ -23,18 +24,14 @@ candidate offset 0; with offset 1 a request's first proposal costs one more draf
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# Row counts at which call times are kept: about 1.5x apart, up to a large prefill.
-BUCKETS = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048])
-# A call's bucket is the nearest on a log scale: the edges are the geometric means of neighbouring buckets.
-_BUCKET_EDGES = [float(np.sqrt(a * b)) for a, b in itertools.pairwise(BUCKETS)]
+from ovbuild.runtime.call_cost import CallCost
+
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 # The first position's acceptance before anything is observed: optimistic enough to try drafting. A deeper position's
 # prior is the run's estimate of the position before it (acceptance per position is alike along a block): with a
@@ -84,109 +81,6 @@ REPLAN_AFTER_CHANGE = 4
 # token expected: a prior of REALISM_PRIOR tokens at 1.0, each verification's counts decaying by REALISM_DECAY.
 REALISM_PRIOR = 8.0
 REALISM_DECAY = 0.98
-# A row bucket without a call among its model's last PHASE_CALLS calls describes another phase of the run (one request
-# at a time, then four at once; a busy machine, then a quiet one): its next call starts it afresh, and while two or more
-# buckets have recent calls the curve is fitted to those and to older ones of more rows. A plan that would draft while
-# the plain step's bucket is out of date runs that plain step instead, once, to time it: on the demo pair, 4 requests
-# at once drafted in every step against a 4-row call time left from one request at a time (4.6 ms, where 4-row steps
-# took 3.5 to 3.9 ms).
-PHASE_CALLS = 128
-
-
-class CallCost:
-    """Seconds one call takes as a function of its rows. Per row bucket: the median of the recent calls (robust to a
-    shared machine's spikes; of an even count the lower middle one, so that a bucket of two calls, one of them a
-    spike, is not set by the spike: on the demo pair a 4-row bucket of 3.6 and 10.4 ms made 4 target rows look as
-    dear as 12, and 4 requests at once drafted in every step); made non-decreasing in rows by pooling neighbouring
-    buckets that disagree, each weighted by its calls; interpolated between buckets, extrapolated linearly beyond the
-    last; buckets of another phase of the run left out (PHASE_CALLS).
-
-    The median, not a low quantile, and pooling, not capping each bucket by the larger ones: a lucky fast call in the
-    8-row bucket used to flatten the whole curve, so that 8 verification rows looked as cheap as 1 and the demo pair
-    drafted full blocks where 4 tokens were measured faster."""
-
-    def __init__(self, window: int = 16):
-        """window: recent calls kept per bucket (0: keep the first one seen, for fixed costs in tests)."""
-        self.window = window
-        self.recent: list[list[tuple[int, float]]] = [[] for _ in BUCKETS]
-        self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's estimate
-        self.seconds = np.zeros(len(BUCKETS))
-        self.seen = np.zeros(len(BUCKETS), bool)
-        self.calls = 0  # calls observed so far, and the count at each bucket's last one
-        self.last = np.zeros(len(BUCKETS), np.int64)
-        self._stale: set[int] = set()  # buckets with calls not yet in their median (taken when a plan asks)
-        self._fit: tuple[np.ndarray, np.ndarray] | None = None  # (rows, seconds) of the monotone curve, when current
-
-    @property
-    def calibrated(self) -> bool:
-        return int(self.seen.sum()) >= 2
-
-    def observe(self, rows: int, seconds: float) -> None:
-        """Fold one call's time into the bucket nearest its row count."""
-        if rows <= 0:
-            return
-        b = bisect.bisect_left(_BUCKET_EDGES, rows)
-        recent = self.recent[b]  # plain Python: every model call lands here, right after it (cold caches)
-        if not recent:
-            self.seen[b] = True
-        elif self.window == 0:
-            return
-        self.calls += 1
-        if self.calls - self.last[b] > PHASE_CALLS:
-            recent.clear()  # its calls are from another phase of the run
-        self.last[b] = self.calls
-        recent.append((rows, seconds))
-        if len(recent) > max(self.window, 1):
-            del recent[0]
-        self._stale.add(b)
-        self._fit = None
-
-    def fastest(self, rows: int) -> float:
-        """The fastest recent call in the bucket nearest `rows` (nan if none): the floor a benchmark compares with."""
-        recent = self.recent[bisect.bisect_left(_BUCKET_EDGES, rows)]
-        return min((seconds for _, seconds in recent), default=float("nan"))
-
-    def outdated(self, rows: int) -> bool:
-        """Whether the bucket nearest `rows` has calls, none of them among the last PHASE_CALLS."""
-        b = bisect.bisect_left(_BUCKET_EDGES, rows)
-        return bool(self.seen[b] and self.window and self.calls - self.last[b] > PHASE_CALLS)
-
-    def __call__(self, rows: np.ndarray | int) -> np.ndarray:
-        """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
-        if self._fit is None:
-            for b in self._stale:
-                recent = self.recent[b]
-                middle = (len(recent) - 1) // 2  # the median call; of an even count the lower middle one
-                self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[middle]
-            self._stale.clear()
-            current = self.seen & (self.calls - self.last <= PHASE_CALLS) if self.window else self.seen
-            # outdated buckets above the current ones stay: without them the curve would extend the current ones'
-            # slope to row counts no recent call ran (16 requests at once, not drafting, then priced their
-            # verification rows from 12 and 16 rows alone, and drafted at 0.86x)
-            use = self.seen
-            if current.sum() >= 2:
-                use = self.seen & (current | (BUCKETS[current].max() < BUCKETS))
-            calls = np.array([len(r) for r in self.recent], np.float64)[use]
-            self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))
-        x, y = self._fit  # buckets in increasing rows
-        if len(x) == 0:
-            return np.zeros(np.shape(rows))
-        if len(x) == 1:
-            return y[0] * np.maximum(np.asarray(rows, np.float64), 1) / x[0]
-        slope = max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0)
-        rows = np.asarray(rows, np.float64)
-        return np.where(rows > x[-1], y[-1] + slope * (rows - x[-1]), np.interp(rows, x, y))
-
-
-def _monotone(y: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """The closest non-decreasing sequence to y in weighted least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, weight, count] of each pooled run
-    for value, w in zip(y.tolist(), weight.tolist(), strict=True):
-        blocks.append([value, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.array([m for m, _, n in blocks for _ in range(n)])
 
 
 @dataclass
@@ -383,7 +277,10 @@ class Speculation:
         if not anyway and best and rates[best] < DRAFT_MARGIN * rates[0]:
             best = 0  # a draft call that is not needed anyway must promise more than the costs' noise
         if not anyway and best and self.target_cost.outdated(fixed_target_rows):
-            best = 0  # what the plain step costs now is not known: run one to time it (PHASE_CALLS)
+            # What the plain step costs now is not known (no recent call of its rows, call_cost.PHASE_CALLS): run
+            # one to time it. On the demo pair, 4 requests at once drafted in every step against a 4-row call time
+            # left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
+            best = 0
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
