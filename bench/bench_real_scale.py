@@ -125,6 +125,7 @@ class Serving:
         self.truths: dict[tuple[int, ...], list[int]] = {}
         self.draft_lengths = {tau: [] for tau in taus}  # decode steps that drafted 0, 1, ... tokens (summed)
         self.acceptance = {tau: [] for tau in taus}  # mean acceptance length per run
+        self.wall = 0.0  # seconds of the last run, prefill included (timed_run)
 
     def alone(self, prompts: list[list[int]]) -> harness.Measured:
         scheduler = Scheduler(self.pipeline.target, max_model_len=self.pipeline.max_model_len)
