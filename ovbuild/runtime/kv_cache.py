@@ -21,7 +21,20 @@ from ovbuild.ir.ports import (
 from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.rows import SequenceRows, sequence_rows
 
-__all__ = ["BlockAllocator", "PagedKVCache", "SequenceRows", "cache_block_size", "sequence_rows"]
+__all__ = ["BlockAllocator", "PagedKVCache", "SequenceRows", "cache_block_size", "context_bound", "sequence_rows"]
+
+# The CPU plugin's PagedAttention sizes a score buffer by max_context_len and, whenever the buffer must grow (every 32
+# tokens of a longer context), compiles its attention kernels again, in every layer of every compiled model: 4 to 15
+# ms a time on the demo draft, whose calls take 0.6 to 1.2 ms, so that a run's first draft calls cost 5x their later
+# ones and the planner priced drafting from them. The kernel reads each sequence's own length from past_lens; the
+# bound is only the buffer's size. Rounded up to a power of two, at least MIN_CONTEXT_BOUND, it grows a handful of
+# times per run, and the buffer is at most twice what the longest sequence needs.
+MIN_CONTEXT_BOUND = 256
+
+
+def context_bound(longest: int) -> int:
+    """The max_context_len passed for a call whose longest sequence spans `longest` tokens (0 for none)."""
+    return max(MIN_CONTEXT_BOUND, 1 << (longest - 1).bit_length()) if longest > 0 else 0
 
 
 class BlockAllocator(CacheManager):
@@ -216,5 +229,5 @@ class PagedKVCache:
             SUBSEQUENCE_BEGINS: [0, *accumulate([r.num_rows for r in rows])],
             BLOCK_INDICES: blocks,
             BLOCK_INDICES_BEGINS: [0, *accumulate(counts)],
-            MAX_CONTEXT_LEN: max(ends, default=0),
+            MAX_CONTEXT_LEN: context_bound(max(ends, default=0)),
         }
