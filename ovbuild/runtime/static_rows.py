@@ -26,7 +26,7 @@ import openvino as ov
 
 from ovbuild.errors import UnsupportedError
 from ovbuild.ir import core
-from ovbuild.ir.ports import INDEX_INPUTS, ROW_INPUTS, ROW_OUTPUTS
+from ovbuild.ir.ports import CACHES, INDEX_INPUTS, LAYOUT_INPUTS, ROW_INPUTS, ROW_OUTPUTS
 from ovbuild.runtime.binding import InputBinder
 from ovbuild.runtime.kv_cache import SequenceRows
 
@@ -142,6 +142,24 @@ def compiled_properties(compiled: ov.CompiledModel, device: str) -> dict:
 def row_inputs(model: ov.Model) -> list[ov.Output]:
     """The model's inputs with one entry per row."""
     return [p for p in model.inputs if p.get_any_name() in ROW_INPUTS]
+
+
+def padding_only_inputs(ports: list[ov.Output]) -> dict[str, np.ndarray] | None:
+    """The inputs (but the layout and caches) of a call of padding rows alone: every row input empty, every index
+    input naming row 0; None for a model with inputs such a call cannot fill."""
+    inputs = {}
+    for port in ports:
+        name = port.get_any_name()
+        if any(p.matches(name) for p in (*CACHES, *LAYOUT_INPUTS)):
+            continue
+        if name in ROW_INPUTS:
+            width = [d.get_length() for d in list(port.get_partial_shape())[1:]]
+            inputs[name] = np.zeros([0, *width], port.get_element_type().to_dtype())  # [0 rows, width...]
+        elif name in INDEX_INPUTS:
+            inputs[name] = np.zeros(1, np.int64)
+        else:
+            return None
+    return inputs
 
 
 def part_inputs(inputs: dict, offsets: list[int], rows: list[SequenceRows], part: list[int]) -> tuple[dict, np.ndarray]:
