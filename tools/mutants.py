@@ -222,10 +222,10 @@ MUTANTS = (
         PARITY,
     ),
     Mutant(
-        "kv-max-context-without-new-rows",
+        "kv-context-bound-below-the-longest-sequence",
         "ovbuild/runtime/kv_cache.py",
-        "MAX_CONTEXT_LEN: max(ends, default=0)",
-        "MAX_CONTEXT_LEN: max((r.past_len for r in rows), default=0)",
+        "return max(MIN_CONTEXT_BOUND, 1 << (longest - 1).bit_length()) if longest > 0 else 0",
+        "return longest - 1 if longest > 0 else 0",
         PARITY,
     ),
     Mutant(
@@ -634,10 +634,10 @@ MUTANTS = (
         ("tests/test_static_rows.py",),
     ),
     Mutant(
-        "untapped-sibling-for-any-size",
+        "untapped-sibling-without-copies",
         "ovbuild/runtime/paged_model.py",
-        "        small = weights <= MAX_WEIGHT_BYTES // 2\n",
-        "        small = True\n",
+        "        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None\n",
+        "        self.can_skip_taps = TAPS in self.output_names and cache_from is None\n",
         UNTAPPED,
     ),
     Mutant(
