@@ -201,9 +201,10 @@ def test_a_pinned_draft_length_keeps_the_taps_on(models):
     assert scheduler.metrics.catch_up_rows == 0 and not untapped_calls, "calls left out the taps a pinned k needs"
 
 
-def test_a_model_too_big_for_copies_keeps_its_taps(models, monkeypatch):
-    """A sibling runs in copies of its own: a model too big for copies (MAX_WEIGHT_BYTES) gets none."""
-    monkeypatch.setattr(paged_model, "MAX_WEIGHT_BYTES", weight_bytes(models[0]) - 1)
+def test_a_model_too_big_for_copies_and_a_sibling_keeps_its_taps(models, monkeypatch):
+    """The sibling's copies cost as much memory as the model's: a model gets one only while both fit the budget of
+    the largest model with copies alone."""
+    monkeypatch.setattr(paged_model, "MAX_WEIGHT_BYTES", 2 * weight_bytes(models[0]) - 1)
     model = PagedModel(models[0], kv_cache_precision="f32", num_blocks=16)
-    assert model.static is None and not model.can_skip_taps
+    assert model.static is not None and not model.can_skip_taps
     assert TAPS in call(model, 0, 0, [1, 2, 3], False, False), "a call asked without taps ran in a sibling"

@@ -634,10 +634,10 @@ MUTANTS = (
         ("tests/test_static_rows.py",),
     ),
     Mutant(
-        "untapped-sibling-without-copies",
+        "untapped-sibling-for-any-size",
         "ovbuild/runtime/paged_model.py",
-        "        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None\n",
-        "        self.can_skip_taps = TAPS in self.output_names and cache_from is None\n",
+        "        small = weights <= MAX_WEIGHT_BYTES // 2\n",
+        "        small = True\n",
         UNTAPPED,
     ),
     Mutant(

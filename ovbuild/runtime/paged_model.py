@@ -150,11 +150,14 @@ class PagedModel:
         # Taps cost a small model's calls a few percent (on the demo target their outputs keep the plugin from fusing
         # each residual add with the next norm: 1.01x-1.06x per call, bench_untapped.py, docs/speed.md), and a call that
         # nobody takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
-        # logits and cache rows are bitwise this model's (tests/test_untapped.py). Every model with copies gets one,
-        # though its copies double their memory (0.7 GB more on the demo target): kept for models up to half the
-        # copies' limit, the 24-layer demo target ran every call tapped while nobody drafted, and the draft pipeline
-        # served 4 requests at once at 0.96x of the target alone. A model too big for copies has taps that cost less.
-        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None
+        # logits and cache rows are bitwise this model's (tests/test_untapped.py). Its copies cost as much memory as
+        # this model's (a quarter of a gigabyte on the demo target), so only a model whose copies and the sibling's
+        # together take no more than the largest model with copies alone gets one; a bigger model's taps cost less.
+        # Not one for the 24-layer demo target either: with it, a request that drafts again first catches up on the
+        # taps it missed, and one request at a time the planner drafted in no step for half the rounds and served at
+        # 0.98x of the target alone, against 1.21x with every call tapped (8 interleaved rounds, 2026-12-04).
+        small = weights <= MAX_WEIGHT_BYTES // 2
+        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None and small
         self._source, self._untapped, self._sibling_s = source, None, 0.0
 
     def compile_copies(self) -> None:
