@@ -26,7 +26,11 @@ from ovbuild.runtime.static_rows import (
     MAX_WEIGHT_BYTES,
     StaticCopies,
     copy_size,
+    index_count,
+    index_size,
+    index_sizes,
     merge,
+    pad_index,
     padding_only_inputs,
     part_inputs,
     parts,
@@ -168,10 +172,12 @@ class PagedModel:
             blank = padding_only_inputs(self.compiled.inputs)
             for rows in COPY_ROWS:
                 request, binder = self.static.copy(rows)
-                if blank is not None and rows in self.static.unrun:
-                    start = time.perf_counter()
-                    self._call([], blank, None, request, binder, rows)
-                    self.static.first_call(rows, time.perf_counter() - start)
+                if blank is None or rows not in self.static.unrun:
+                    continue
+                start = time.perf_counter()
+                for size in index_sizes(rows):  # each length the copy's index input takes (see index_size)
+                    self._call([], pad_index(blank, size), None, request, binder, rows)
+                self.static.first_call(rows, time.perf_counter() - start)
         if self.can_skip_taps:
             self.untapped().compile_copies()
 
@@ -380,9 +386,15 @@ class StaticExecutor:
         real = sum(r.num_rows for r in rows)
         size = copy_size(real)
         request, binder = m.static.copy(size)
+        named = index_count(inputs)
+        padded = index_size(named, size)
+        if padded != named:
+            inputs = pad_index(inputs, padded)
         start = time.perf_counter()
         outputs = m._call(rows, inputs, None, request, binder, size - real)
         m.static.first_call(size, time.perf_counter() - start)
+        if padded != named:  # outputs of the rows named more than once, cut off
+            outputs = {name: value if name in ROW_OUTPUTS else value[:named] for name, value in outputs.items()}
         return outputs
 
 
