@@ -243,3 +243,21 @@ def test_rows_compute_bitwise_alike_in_any_call_of_a_dynamic_model(target, reque
             f"{np.abs(got - alone).max():.3g}"
         )
     assert PAD_SEQUENCE not in model.cache.allocator.tables, "the padding row's block is not the pool's"
+
+
+def test_a_copy_returns_exactly_the_rows_a_call_names(target):
+    """A copy's index input runs padded to a power of two (static_rows.index_size): a call naming 3 of 6 rows, in any
+    order, gets those 3 rows back, each as a call naming every row computes it."""
+    cfg, weights = target
+    model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)
+    ids = tokens(6)
+    every = model.run(
+        [SequenceRows(0, 0, 6)], {"input_ids": ids, "position_ids": list(range(6)), "logits_indices": list(range(6))}
+    )
+    every = np.array(every["logits"])
+    named = model.run(
+        [SequenceRows(1, 0, 6)], {"input_ids": ids, "position_ids": list(range(6)), "logits_indices": [5, 0, 2]}
+    )
+    assert static_rows.index_size(3, 6) == 4, "the call does not exercise a padded index input"
+    assert named["logits"].shape[0] == 3 and named["greedy_ids"].shape[0] == 3
+    np.testing.assert_array_equal(named["logits"], every[[5, 0, 2]])

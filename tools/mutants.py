@@ -627,6 +627,13 @@ MUTANTS = (
         UNTAPPED,
     ),
     Mutant(
+        "copy-returns-the-padded-index-rows",
+        "ovbuild/runtime/paged_model.py",
+        "value if name in ROW_OUTPUTS else value[:named]",
+        "value if name in ROW_OUTPUTS else value[-named:]",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
         "dynamic-model-runs-1-row-calls-unpadded",
         "ovbuild/runtime/paged_model.py",
         "    return DynamicExecutor(model, MIN_ROWS if pinned else 1)\n",
