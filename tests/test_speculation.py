@@ -20,6 +20,7 @@ from ovbuild.runtime.speculation import (
     DRAFT_MARGIN,
     MAX_PLAN_BACKOFF,
     REPLAN_AFTER_CHANGE,
+    STREAK_WEIGHT,
     AcceptanceStats,
     Speculation,
 )
@@ -387,3 +388,18 @@ def test_the_run_wide_evidence_fades_while_nobody_drafts():
     spec.age(1000)
     assert spec.plan([(spec.new_stats(), 7)], 1, 0, 0, False)[0] > 0
     assert spec.expected_tokens < 0.1 * expected and spec.accepted_tokens <= accepted
+
+
+def test_drafting_that_stops_every_few_steps_pays_more_of_its_one_offs():
+    """The context rows a draft call takes in are charged at one over the steps drafting goes on for: where drafting
+    stops after two plans, again and again, the share grows from 1 / CATCH_UP_STEPS towards 1 / 2, and a plan that
+    drafted with that much context pending no longer does."""
+    spec = Speculation(7, 1, fixed_cost(1e-3, 2e-5), fixed_cost(1e-4, 2e-6))
+    good, poor = [(stats([0.7] * 7), 7)], [(stats([0.0] * 7), 7)]
+    context = 3000  # 6 ms to take in: 0.19 ms at 1 / CATCH_UP_STEPS, a plain step's worth and more at 1 / 2
+    assert spec.plan(good, 1, 0, context, False) != [0]
+    for _ in range(20):
+        assert spec.plan(good, 1, 0, 0, False) != [0] and spec.plan(good, 1, 0, 0, False) != [0]
+        assert spec.plan(poor, 1, 0, 0, False) == [0]
+    assert spec.streak_steps < 2 + (CATCH_UP_STEPS - 2) * (1 - STREAK_WEIGHT) ** 19, spec.streak_steps
+    assert spec.plan(good, 1, 0, context, False) == [0]

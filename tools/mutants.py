@@ -634,6 +634,13 @@ MUTANTS = (
         ("tests/test_static_rows.py",),
     ),
     Mutant(
+        "planner-never-learns-drafting-streaks",
+        "ovbuild/runtime/speculation.py",
+        "            self.streak_steps += STREAK_WEIGHT * (self._streak - self.streak_steps)\n",
+        "            self.streak_steps += 0.0\n",
+        PLANNER,
+    ),
+    Mutant(
         "dynamic-model-runs-1-row-calls-unpadded",
         "ovbuild/runtime/paged_model.py",
         "    return DynamicExecutor(model, MIN_ROWS if pinned else 1)\n",

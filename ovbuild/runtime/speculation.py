@@ -13,8 +13,8 @@ measured as a function of rows (ovbuild.runtime.call_cost: calibrated once, then
 is measured apart for steps with and without a draft call. The draft works for the rows it runs: a request drafting k
 tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a block of that length); the
 context rows any draft call carries for every request (pending taps, a gap's) serve every later step and are charged
-at a share (CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not drafting by
-DRAFT_MARGIN.
+at a share (CATCH_UP_STEPS, STREAK_WEIGHT). A plan that makes a draft call where none is needed must beat not drafting
+by DRAFT_MARGIN.
 
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
@@ -71,6 +71,12 @@ MAX_PLAN_BACKOFF = 32
 # to MAX_PLAN_BACKOFF (37 steps). A plan charges this share of it: planning one step ahead, a plan that charged all of
 # it would never draft again after a long gap.
 CATCH_UP_STEPS = 32
+# That share assumes that drafting, once started, goes on for CATCH_UP_STEPS steps. Where it starts and stops every few
+# steps (4 requests at once on the demo pair, whose pending context then came in draft calls of 5 to 10 ms against a 2
+# ms step), the one-off was paid every few steps and drafting ran at 0.8x of the target alone. So the share is one
+# over the length of the drafting streaks seen (plans in a row that drafted; an exponential average of the streaks
+# that ended, with this weight, starting from CATCH_UP_STEPS).
+STREAK_WEIGHT = 0.3
 # A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
 # within this many steps however far the planner had backed off.
 REPLAN_AFTER_CHANGE = 4
@@ -135,6 +141,7 @@ class Speculation:
     # 64-token request made 6 plans where 2 would do.
     backoff: int = 0
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
+    streak_steps: float = CATCH_UP_STEPS  # how long drafting streaks last (see STREAK_WEIGHT)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
     # survival's run-wide terms (optimistic, plain), until a record or aging moves them
@@ -142,6 +149,7 @@ class Speculation:
     # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
     expected_tokens: float = field(init=False, default=0.0)
     accepted_tokens: float = field(init=False, default=0.0)
+    _streak: int = field(init=False, default=0)  # plans in a row that drafted, so far
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
@@ -238,9 +246,9 @@ class Speculation:
         request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
         catch_up) and its draft call carries. Context rows a draft call takes in (the pending ones, a gap's) are
         taken in once and serve every later step: like the catch-up call, their share of the draft call is charged
-        at 1 / CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later
-        draft call look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks
-        alone) until drafting never resumed.
+        at one over the steps drafting goes on for (CATCH_UP_STEPS, then as measured: STREAK_WEIGHT). Charged in
+        full, the context that piled up while nobody drafted made every later draft call look dearer (4 requests on
+        the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks alone) until drafting never resumed.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
@@ -264,9 +272,10 @@ class Speculation:
         own = np.array(blocks) + fixed_draft_rows  # the blocks' rows; the context rows' share is charged apart
         blocks_s = self.draft_cost(own)
         ingest = self.draft_cost(own + np.array(caught) + context_rows) - blocks_s
-        draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()
+        share = 1.0 / max(self.streak_steps, 1.0)  # of the one-offs, which serve the steps drafting goes on for
+        draft = (blocks_s + ingest * share).tolist()
         if caught[-1]:
-            catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
+            catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) * share).tolist()
             draft = [d + c for d, c in zip(draft, catch, strict=True)]
         anyway = force_draft or fixed_draft_rows > 0
         rates = [
@@ -281,6 +290,7 @@ class Speculation:
             # one to time it. On the demo pair, 4 requests at once drafted in every step against a 4-row call time
             # left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
             best = 0
+        self._count_streak(best > 0)
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
@@ -288,6 +298,14 @@ class Speculation:
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
         return lengths
+
+    def _count_streak(self, drafting: bool) -> None:
+        """One plan more in the current drafting streak, or the streak's end (into streak_steps)."""
+        if drafting:
+            self._streak += 1
+        elif self._streak:
+            self.streak_steps += STREAK_WEIGHT * (self._streak - self.streak_steps)
+            self._streak = 0
 
 
 def _ema(average: float, value: float) -> float:
