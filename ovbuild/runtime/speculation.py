@@ -9,17 +9,20 @@ where tokens(k) = sum over requests of 1 + r (s_1 + ... + s_k) (s_j: the chance 
 accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
 error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
 tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
-measured as a function of rows (ovbuild.runtime.call_cost: calibrated once, then updated from every call); host time
-is measured apart for steps with and without a draft call. The draft works for the rows it runs: a request drafting k
-tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a block of that length); the
-context rows any draft call carries for every request (pending taps, a gap's) serve every later step and are charged
-at a share (CATCH_UP_STEPS, STREAK_WEIGHT). A plan that makes a draft call where none is needed must beat not drafting
-by DRAFT_MARGIN.
+measured as a function of rows (ovbuild.runtime.call_cost: calibrated once, then updated from every call; not
+drafting is priced by plain steps that followed plain steps, plain_cost); host time is measured apart for steps with
+and without a draft call. The draft works for the rows it runs: a request drafting k tokens costs k + 1 target rows
+and k + candidate_offset draft rows (the drafter runs a block of that length), and a drafting step's draft call also
+takes in the rows each verification commits (tokens(k) rows: in a streak, each call carries the step before's); the
+context rows pending now (taps piled up while nobody drafted, a gap's) serve every later step and are charged at a
+share (CATCH_UP_STEPS, STREAK_WEIGHT). A plan that makes a draft call where none is needed must beat not drafting by
+DRAFT_MARGIN.
 
-Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
-acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
-candidate offset 0; with offset 1 a request's first proposal costs one more draft row, which the order ignores
-(within 3.3% of the best plan over 200 random cost regimes, tests/test_speculation.py).
+Because every extra proposal adds one target row, one draft row and its chance of a committed row, the best plan
+takes proposals in order of their acceptance chance s_j (across requests), so the search is one sort and a scan over
+that order. Over 200 random cost regimes (tests/test_speculation.py) that found the best plan with candidate offset
+0; with offset 1 a request's first proposal costs one more draft row, which the order ignores (within 2.2% of the
+best plan).
 """
 
 from __future__ import annotations
@@ -128,6 +131,11 @@ class Speculation:
     candidate_offset: int = 1
     target_cost: CallCost = field(default_factory=CallCost)
     draft_cost: CallCost = field(default_factory=CallCost)
+    # Target calls of plain steps run right after plain steps: what not drafting costs, priced apart. A plain step
+    # between drafting steps runs after a draft call and in another copy than the verifications (static_rows), with
+    # the target's weights out of the caches: 4 requests at once on the demo pair, such steps took 3.9 ms where steps
+    # of the target alone took 2.6, and plans priced not drafting by them drafted at 0.89x of the target alone.
+    plain_cost: CallCost = field(default_factory=CallCost)
     host_s: float = 0.0  # scheduler overhead per step outside the calls, steps without a draft call (EMA)
     # What a step with a draft call adds to host_s: taking the taps, verifying proposals, recording acceptance. Left
     # out, a drafting step looked cheaper than it was, and the demo pair drafted one request at a time at 0.88x of
@@ -140,7 +148,7 @@ class Speculation:
     # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
     # 64-token request made 6 plans where 2 would do.
     backoff: int = 0
-    learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
+    learn_host: bool = True  # False: host_s and plain_cost stay as set (fixed plans for tests, ovbuild.testing.planner)
     streak_steps: float = CATCH_UP_STEPS  # how long drafting streaks last (see STREAK_WEIGHT)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
@@ -161,8 +169,15 @@ class Speculation:
     def calibrate(self, time_target: Callable[[int], float], time_draft: Callable[[int], float]) -> None:
         """Time calls of a few row counts on each model (the best of three each)."""
         for rows in CALIBRATION_ROWS:
-            self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
+            seconds = min(time_target(rows) for _ in range(3))
+            self.target_cost.observe(rows, seconds)
+            self.plain_cost.observe(rows, seconds)  # calls after calls of their own rows, as plain steps run
             self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
+
+    def observe_plain(self, rows: int, seconds: float) -> None:
+        """A target call of a plain step that came right after a plain step (see plain_cost)."""
+        if self.learn_host:
+            self.plain_cost.observe(rows, seconds)
 
     def observe_host(self, seconds: float, drafted: bool = False) -> None:
         """One step's seconds outside its calls; `drafted`: the step made a draft call."""
@@ -269,7 +284,13 @@ class Speculation:
             blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
             caught.append(caught[-1] + (gaps[request] if j == 0 else 0))  # a first proposal brings its gap's rows
         target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
-        own = np.array(blocks) + fixed_draft_rows  # the blocks' rows; the context rows' share is charged apart
+        if self.plain_cost.knows(fixed_target_rows):
+            target[0] = float(self.plain_cost(fixed_target_rows))
+        # The blocks' rows, and the rows the verification commits, which every drafting step's draft call takes in
+        # (the next one's: in a streak, each call carries the step before's). Left out, 4 requests at once on the
+        # demo pair priced a draft call at 16 block rows, 0.9 ms, where its calls carried 25 and took 1.9 ms, and
+        # drafted at 0.7x of the target alone. The context pending now is a one-off, charged at a share.
+        own = np.array(blocks) + fixed_draft_rows + np.array(tokens)
         blocks_s = self.draft_cost(own)
         ingest = self.draft_cost(own + np.array(caught) + context_rows) - blocks_s
         share = 1.0 / max(self.streak_steps, 1.0)  # of the one-offs, which serve the steps drafting goes on for
