@@ -43,8 +43,6 @@ DEMO_PROMPTS = (
 )
 
 
-WARM_TOKENS = 16  # tokens per warm-up request (see run_demo)
-
 # Below this share of decode steps with a draft, the side "with the draft" ran the target alone in all but a few
 # steps: the two sides' ratio is then the machine's noise, not the draft's speed-up, and is not shown as one.
 MIN_DRAFTING_SHARE = 0.1
@@ -220,13 +218,11 @@ def run_demo(
         # copy, as a draft call's row count depends on when the planner drafts.
         say("warming up")
         pipeline.compile_copies()
-        # Full blocks in the warm-up, so that the planner's call costs and a drafting step's host time start from
-        # steps like the ones it prices (a few 4-token requests left the host time of a drafting step at 2.5x its
-        # later value, and one request at a time drafted in 1% to 50% of the first round's steps).
-        warm_k = num_assistant_tokens if num_assistant_tokens is not None else pipeline.drafter.max_candidates
         for batch in [*([p] for p in prompts), prompts]:
             for use_draft in (True, False):
-                pipeline.generate(batch, max_new_tokens=WARM_TOKENS, num_assistant_tokens=warm_k, use_draft=use_draft)
+                pipeline.generate(
+                    batch, max_new_tokens=4, num_assistant_tokens=num_assistant_tokens, use_draft=use_draft
+                )
         forget_acceptance(pipeline)
         say(f"serving {len(prompts)} prompts one request at a time, {_rounds(rounds)}")
         single = compare(
@@ -348,7 +344,7 @@ def forget_acceptance(pipeline: Pipeline) -> None:
     warm = pipeline.speculation
     if warm is None:
         return
-    fresh = Speculation(warm.max_candidates, warm.candidate_offset, warm.target_cost, warm.draft_cost, warm.plain_cost)
+    fresh = Speculation(warm.max_candidates, warm.candidate_offset, warm.target_cost, warm.draft_cost)
     fresh.host_s, fresh.draft_host_s, fresh._drafting_host = warm.host_s, warm.draft_host_s, warm._drafting_host
     fresh.calibration_tried, fresh.calibration_cache = warm.calibration_tried, warm.calibration_cache
     pipeline.speculation = fresh

@@ -48,13 +48,3 @@ def test_call_cost_leaves_out_buckets_of_another_phase():
     cost.observe(4, 2.0)
     assert not cost.outdated(4) and cost(4) == pytest.approx(2.0), "the old 9.0 is gone, not pooled"
     assert cost(8) == pytest.approx(2.0 + (4.0 - 2.0) * 4 / 12), "bucket 8, outdated, is left out"
-
-
-def test_a_bucket_is_known_while_it_has_recent_calls():
-    cost = CallCost()
-    assert not cost.knows(4)
-    cost.observe(4, 1.0)
-    assert cost.knows(4) and not cost.knows(16)
-    for _ in range(PHASE_CALLS + 1):
-        cost.observe(16, 2.0)
-    assert not cost.knows(4) and cost.outdated(4) and cost.knows(16)

@@ -20,7 +20,6 @@ from ovbuild.runtime.speculation import (
     DRAFT_MARGIN,
     MAX_PLAN_BACKOFF,
     REPLAN_AFTER_CHANGE,
-    STREAK_WEIGHT,
     AcceptanceStats,
     Speculation,
 )
@@ -44,8 +43,7 @@ def objective(spec: Speculation, free, lengths, fixed_target, fixed_draft, conte
     tokens = sum(1 + sum(spec.survival([s])[0][:k]) for (s, _), k in zip(free, lengths, strict=True))
     seconds = spec.target_cost(fixed_target + sum(lengths)) + spec.host_s
     if any(lengths) or force or fixed_draft:
-        # the blocks, and the rows the verification commits (every drafting step's draft call takes them in)
-        rows = fixed_draft + sum(k + spec.candidate_offset for k in lengths if k) + tokens
+        rows = fixed_draft + sum(k + spec.candidate_offset for k in lengths if k)
         ingest = (spec.draft_cost(rows + context) - spec.draft_cost(rows)) / CATCH_UP_STEPS  # a one-off, shared
         seconds += spec.draft_cost(rows) + ingest + spec.draft_host_s
     return float(tokens / seconds)
@@ -55,7 +53,7 @@ def objective(spec: Speculation, free, lengths, fixed_target, fixed_draft, conte
 def test_plan_is_the_best_plan(offset):
     """Exactly the best with candidate offset 0 (every proposal costs one row of each call, so the best plan of m
     proposals takes the m likeliest); with offset 1 a request's first proposal costs one more draft row, which the
-    order ignores: within 5% of the best (measured worst 2.2% over these 200 random cost regimes, the extreme ones
+    order ignores: within 5% of the best (measured worst 3.3% over these 200 random cost regimes, the extreme ones
     where a draft row costs as much as a whole call). A draft call that is optional must promise DRAFT_MARGIN more."""
     rng = np.random.default_rng(0)
     worst = 1.0
@@ -112,34 +110,6 @@ def test_a_plan_times_an_outdated_plain_step():
     assert plan_with(target) == [4]
 
 
-def test_not_drafting_is_priced_by_plain_steps_after_plain_steps():
-    """A plain step between drafting steps runs with the target's weights out of the caches: what not drafting costs
-    comes from the plain cost (plain steps right after plain steps), where it knows the row count, not from every
-    call of those rows."""
-    spec = Speculation(7, 1, fixed_cost(3e-3, 1e-6), fixed_cost(1e-3, 1e-6))
-    spec.host_s = spec.draft_host_s = 0.0
-    free = [(stats([0.6] * 7), 7)]
-    assert spec.plan(free, 1, 0, 0, False) != [0]  # against a 3 ms plain step, drafting pays
-    spec.observe_plain(1, 1e-3)
-    assert spec.plain_cost.knows(1) and spec.plan(free, 1, 0, 0, False) == [0]  # against 1 ms it does not
-
-
-def test_the_scheduler_times_plain_steps_after_plain_steps_apart(models):
-    """Only target calls of plain steps that follow a step without a draft call join the plain cost: with a draft
-    costing a second nobody drafts and nearly every call joins; with a draft length pinned every step verifies
-    proposals or follows a draft call, but for the last (which has no token left to propose)."""
-    target_model, draft_model = models
-    joined = {}
-    for k in (None, 3):
-        drafter = BlockDrafter(draft_model, **F32)
-        spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1.0, 0.0), host_s=1e-4, learn_host=True)
-        scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec)
-        scheduler.add_request(list(range(40, 60)), GenerationConfig(max_new_tokens=12, num_assistant_tokens=k))
-        scheduler.run()
-        joined[k] = spec.plain_cost.calls
-    assert joined[None] >= 10 and joined[3] <= 1, joined
-
-
 @pytest.mark.parametrize("right", [True, False])
 def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, right):
     """Costs fixed so that a draft call is as cheap as a target row: a draft that is always right gets full blocks,
@@ -162,14 +132,13 @@ def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, ri
     if right:
         assert lengths[7] >= 4 and sum(lengths[1:7]) <= 1, lengths  # full blocks (the last steps are capped)
     else:
-        # tried while the evidence is thin, then ever more rarely as each retry adds a miss: at most 20 calls and 3
-        # retries, the stretches between them never shorter than the one before (plans come 1, 2, 4, 8, ... steps
-        # apart while nobody drafts, so a stretch is one of few lengths)
+        # tried while the evidence is thin, then ever more rarely as each retry adds a miss: at most 20 calls, the
+        # stretches between retries growing
         drafted = "".join("d" if step["proposed"] else "." for step in request.trace)
         calls = [i for i, step in enumerate(drafted) if step == "d"]
         retries = [b - a for a, b in itertools.pairwise(calls) if b - a > 1]
-        assert lengths[0] >= 25 and drafter.calls <= 20 and len(retries) <= 3, drafted
-        assert retries == sorted(retries) and len(drafted) - calls[-1] >= retries[0], drafted
+        assert lengths[0] >= 25 and drafter.calls <= 20, drafted
+        assert retries == sorted(retries) and (len(retries) < 2 or retries[-1] >= 2 * retries[0]), drafted
 
 
 def test_drafting_resumes_after_early_misses(models):
@@ -418,49 +387,3 @@ def test_the_run_wide_evidence_fades_while_nobody_drafts():
     spec.age(1000)
     assert spec.plan([(spec.new_stats(), 7)], 1, 0, 0, False)[0] > 0
     assert spec.expected_tokens < 0.1 * expected and spec.accepted_tokens <= accepted
-
-
-def test_drafting_that_stops_every_few_steps_pays_more_of_its_one_offs():
-    """The context rows a draft call takes in are charged at one over the steps drafting goes on for: where drafting
-    stops after two plans, again and again, the share grows from 1 / CATCH_UP_STEPS towards 1 / 2, and a plan that
-    drafted with that much context pending no longer does."""
-    spec = Speculation(7, 1, fixed_cost(1e-3, 2e-5), fixed_cost(1e-4, 2e-6))
-    good, poor = [(stats([0.7] * 7), 7)], [(stats([0.0] * 7), 7)]
-    context = 3000  # 6 ms to take in: 0.19 ms at 1 / CATCH_UP_STEPS, a plain step's worth and more at 1 / 2
-    assert spec.plan(good, 1, 0, context, False) != [0]
-    for _ in range(20):
-        assert spec.plan(good, 1, 0, 0, False) != [0] and spec.plan(good, 1, 0, 0, False) != [0]
-        assert spec.plan(poor, 1, 0, 0, False) == [0]
-    assert spec.streak_steps < 2 + (CATCH_UP_STEPS - 2) * (1 - STREAK_WEIGHT) ** 19, spec.streak_steps
-    assert spec.plan(good, 1, 0, context, False) == [0]
-
-
-class ContextSeen(Speculation):
-    """Records the pending context rows each plan is asked to price as a one-off."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.contexts: list[int] = []
-
-    def plan(self, free, fixed_target_rows, fixed_draft_rows, context_rows, *args, **kwargs) -> list[int]:
-        self.contexts.append(context_rows)
-        return super().plan(free, fixed_target_rows, fixed_draft_rows, context_rows, *args, **kwargs)
-
-
-def test_rows_a_drafting_step_committed_are_not_priced_again(models):
-    """A drafting step's plan prices the rows its verification commits into the next draft call: right after a draft
-    call the pending rows are those, and the next plan sees no one-off context; the prompt's taps, pending before the
-    first draft call, are one."""
-    target_model, draft_model = models
-    prompt, config = list(range(40, 60)), GenerationConfig(max_new_tokens=24)
-    alone = Scheduler(PagedModel(target_model, **F32))
-    expected = alone.add_request(prompt, config)
-    alone.run()
-    drafter = SteeredDrafter(BlockDrafter(draft_model, **F32), TINY_TARGET["vocab_size"], wrong_rate=0.0)
-    spec = ContextSeen(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5), host_s=1e-4, learn_host=False)
-    scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec)
-    request = scheduler.add_request(prompt, config)
-    drafter.truths[request.id] = [*prompt, *expected.generated]
-    scheduler.run()
-    assert request.generated == expected.generated and request.metrics.num_accepted_tokens > 0
-    assert spec.contexts[0] >= len(prompt) and not any(spec.contexts[1:]), spec.contexts

@@ -373,7 +373,7 @@ MUTANTS = (
     Mutant(
         "speculation-context-charged-in-full",
         "ovbuild/runtime/speculation.py",
-        "draft = (blocks_s + ingest * share).tolist()",
+        "draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()",
         "draft = (blocks_s + ingest).tolist()",
         PLANNER,
     ),
@@ -634,34 +634,6 @@ MUTANTS = (
         ("tests/test_static_rows.py",),
     ),
     Mutant(
-        "planner-prices-draft-calls-without-the-rows-verification-commits",
-        "ovbuild/runtime/speculation.py",
-        "        own = np.array(blocks) + fixed_draft_rows + np.array(tokens)\n",
-        "        own = np.array(blocks) + fixed_draft_rows\n",
-        PLANNER,
-    ),
-    Mutant(
-        "planner-prices-not-drafting-by-every-call",
-        "ovbuild/runtime/speculation.py",
-        "        if self.plain_cost.knows(fixed_target_rows):\n",
-        "        if False:\n",
-        PLANNER,
-    ),
-    Mutant(
-        "planner-prices-committed-rows-again-after-a-draft-call",
-        "ovbuild/runtime/draft_step.py",
-        "            context = 0 if self.called else sum(r.pending_rows for r in live)\n",
-        "            context = sum(r.pending_rows for r in live)\n",
-        PLANNER,
-    ),
-    Mutant(
-        "planner-never-learns-drafting-streaks",
-        "ovbuild/runtime/speculation.py",
-        "            self.streak_steps += STREAK_WEIGHT * (self._streak - self.streak_steps)\n",
-        "            self.streak_steps += 0.0\n",
-        PLANNER,
-    ),
-    Mutant(
         "dynamic-model-runs-1-row-calls-unpadded",
         "ovbuild/runtime/paged_model.py",
         "    return DynamicExecutor(model, MIN_ROWS if pinned else 1)\n",
@@ -692,8 +664,8 @@ MUTANTS = (
     Mutant(
         "planner-charges-a-catch-up-in-full",
         "ovbuild/runtime/speculation.py",
-        "self.target_cost(np.array(caught)), 0.0) * share)",
-        "self.target_cost(np.array(caught)), 0.0) * 1)",
+        "self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS)",
+        "self.target_cost(np.array(caught)), 0.0) / 1)",
         PLANNER,
     ),
     # -- narrow weights -------------------------------------------------------------------------------------------

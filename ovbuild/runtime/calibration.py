@@ -170,8 +170,7 @@ class CalibrationCache:
             now = min(time_call(rows) for _ in range(2))
             if not kept / STALE_FACTOR <= now <= kept * STALE_FACTOR:
                 return False
-        costs = (speculation.target_cost, speculation.draft_cost)
-        for cost, table in [*zip(costs, tables, strict=True), (speculation.plain_cost, tables[0])]:
+        for cost, table in zip((speculation.target_cost, speculation.draft_cost), tables, strict=True):
             for rows, seconds in table:
                 cost.observe(rows, seconds)
         return True

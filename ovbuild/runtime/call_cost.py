@@ -78,11 +78,6 @@ class CallCost:
         recent = self.recent[bucket(rows)]
         return min((seconds for _, seconds in recent), default=float("nan"))
 
-    def knows(self, rows: int) -> bool:
-        """Whether the bucket nearest `rows` has calls, some of them among the last PHASE_CALLS."""
-        b = bucket(rows)
-        return bool(self.seen[b] and (not self.window or self.calls - self.last[b] <= PHASE_CALLS))
-
     def outdated(self, rows: int) -> bool:
         """Whether the bucket nearest `rows` has calls, none of them among the last PHASE_CALLS."""
         b = bucket(rows)

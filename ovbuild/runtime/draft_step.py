@@ -53,7 +53,6 @@ class DraftPlanner:
         self.skips_left = 0  # steps left without a draft-length plan (Speculation.backoff after a plan for nobody)
         self.skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
         self.idle = 0  # steps since the last plan in which nobody drafted (the run-wide evidence ages by them)
-        self.called = False  # whether the last step made a draft call (see _lengths)
 
     def block_rows(self, k: int) -> int:
         """Rows of a draft block proposing k tokens."""
@@ -111,11 +110,7 @@ class DraftPlanner:
             pinned_rows = sum(k for k in lengths.values())
             fixed_target = len(decoding) + pinned_rows + self._prefill_rows(running)
             fixed_draft = sum(self.block_rows(k) for k in lengths.values() if k)
-            # Right after a draft call the pending rows are those its step's verification committed, which the plan
-            # before priced (a drafting step's draft call takes in the rows its verification commits): only rows
-            # piled up over steps without a draft call are a one-off. Counted again, a request that drafted every
-            # other step paid them twice and drafted one step in two.
-            context = 0 if self.called else sum(r.pending_rows for r in live)
+            context = sum(r.pending_rows for r in live)
             for request, _ in free:
                 request.acceptance.settle(IDLE_DECAY)  # the steps skipped since the last plan fade it too
             self.speculation.age(self.idle)
@@ -207,8 +202,7 @@ class DraftStep:
         for request in plan.requests:
             if request.id in lengths:
                 request.metrics.record_draft_length(lengths[request.id])
-        self.planner.called = any(lengths.values()) or plan.flush
-        if not self.planner.called:
+        if not any(lengths.values()) and not plan.flush:
             return DraftCalls(catch_up_s)  # nobody drafts: no draft call, the taps wait for the next one
         return DraftCalls(catch_up_s, self._draft_call(plan.requests, lengths), True)
 

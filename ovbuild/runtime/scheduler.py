@@ -123,7 +123,7 @@ class Scheduler:
             self.drafting = DraftStep(
                 target, drafter, speculation, self.metrics, max_num_batched_tokens, self.prefix_caching
             )
-        self._call_s, self._drafted, self._after_draft = 0.0, False, False
+        self._call_s, self._drafted = 0.0, False
 
     @property
     def caches(self) -> dict[str, CacheManager]:
@@ -171,7 +171,6 @@ class Scheduler:
         """One scheduling step: plan, run the target, apply, then the draft call; returns the requests that finished."""
         start = time.perf_counter()
         calibration = self.metrics.calibration_s
-        self._after_draft = self._drafted  # whether the step before made a draft call
         self._call_s, self._drafted = 0.0, False  # the calls' seconds as the cost models see them; a draft call?
         plan = self.schedule()
         done = self.update(plan, self.execute(plan)) if plan.rows else []
@@ -413,9 +412,6 @@ class Scheduler:
             # A call that compiled a copy for its row count (and ran it first, allocating its memory) is a one-off,
             # 10-20x a steady call on the demo pair: a cost curve that kept it never drafted at that size again.
             self.speculation.target_cost.observe(len(ids), seconds)
-            plain = all(len(p.tokens) == 1 for p in plan.rows if p.request.status is Status.DECODE)
-            if plain and not self._after_draft:  # a plain step right after a step without a draft call
-                self.speculation.observe_plain(len(ids), seconds)
         outputs = dict(out)
         if plan.taps and out.get(TAPS) is not None:
             outputs[TAPS] = out[TAPS].copy()  # one copy per call: the requests keep slices of it for the draft

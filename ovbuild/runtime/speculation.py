@@ -9,20 +9,17 @@ where tokens(k) = sum over requests of 1 + r (s_1 + ... + s_k) (s_j: the chance 
 accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
 error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
 tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
-measured as a function of rows (ovbuild.runtime.call_cost: calibrated once, then updated from every call; not
-drafting is priced by plain steps that followed plain steps, plain_cost); host time is measured apart for steps with
-and without a draft call. The draft works for the rows it runs: a request drafting k tokens costs k + 1 target rows
-and k + candidate_offset draft rows (the drafter runs a block of that length), and a drafting step's draft call also
-takes in the rows each verification commits (tokens(k) rows: in a streak, each call carries the step before's); the
-context rows pending now (taps piled up while nobody drafted, a gap's) serve every later step and are charged at a
-share (CATCH_UP_STEPS, STREAK_WEIGHT). A plan that makes a draft call where none is needed must beat not drafting by
+measured as a function of rows (ovbuild.runtime.call_cost: calibrated once, then updated from every call); host time
+is measured apart for steps with and without a draft call. The draft works for the rows it runs: a request drafting k
+tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a block of that length); the
+context rows any draft call carries for every request (pending taps, a gap's) serve every later step and are charged
+at a share (CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not drafting by
 DRAFT_MARGIN.
 
-Because every extra proposal adds one target row, one draft row and its chance of a committed row, the best plan
-takes proposals in order of their acceptance chance s_j (across requests), so the search is one sort and a scan over
-that order. Over 200 random cost regimes (tests/test_speculation.py) that found the best plan with candidate offset
-0; with offset 1 a request's first proposal costs one more draft row, which the order ignores (within 2.2% of the
-best plan).
+Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
+acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
+candidate offset 0; with offset 1 a request's first proposal costs one more draft row, which the order ignores
+(within 3.3% of the best plan over 200 random cost regimes, tests/test_speculation.py).
 """
 
 from __future__ import annotations
@@ -74,12 +71,6 @@ MAX_PLAN_BACKOFF = 32
 # to MAX_PLAN_BACKOFF (37 steps). A plan charges this share of it: planning one step ahead, a plan that charged all of
 # it would never draft again after a long gap.
 CATCH_UP_STEPS = 32
-# That share assumes that drafting, once started, goes on for CATCH_UP_STEPS steps. Where it starts and stops every few
-# steps (4 requests at once on the demo pair, whose pending context then came in draft calls of 5 to 10 ms against a 2
-# ms step), the one-off was paid every few steps and drafting ran at 0.8x of the target alone. So the share is one
-# over the length of the drafting streaks seen (plans in a row that drafted; an exponential average of the streaks
-# that ended, with this weight, starting from CATCH_UP_STEPS).
-STREAK_WEIGHT = 0.3
 # A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
 # within this many steps however far the planner had backed off.
 REPLAN_AFTER_CHANGE = 4
@@ -131,11 +122,6 @@ class Speculation:
     candidate_offset: int = 1
     target_cost: CallCost = field(default_factory=CallCost)
     draft_cost: CallCost = field(default_factory=CallCost)
-    # Target calls of plain steps run right after plain steps: what not drafting costs, priced apart. A plain step
-    # between drafting steps runs after a draft call and in another copy than the verifications (static_rows), with
-    # the target's weights out of the caches: 4 requests at once on the demo pair, such steps took 3.9 ms where steps
-    # of the target alone took 2.6, and plans priced not drafting by them drafted at 0.89x of the target alone.
-    plain_cost: CallCost = field(default_factory=CallCost)
     host_s: float = 0.0  # scheduler overhead per step outside the calls, steps without a draft call (EMA)
     # What a step with a draft call adds to host_s: taking the taps, verifying proposals, recording acceptance. Left
     # out, a drafting step looked cheaper than it was, and the demo pair drafted one request at a time at 0.88x of
@@ -148,8 +134,7 @@ class Speculation:
     # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
     # 64-token request made 6 plans where 2 would do.
     backoff: int = 0
-    learn_host: bool = True  # False: host_s and plain_cost stay as set (fixed plans for tests, ovbuild.testing.planner)
-    streak_steps: float = CATCH_UP_STEPS  # how long drafting streaks last (see STREAK_WEIGHT)
+    learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
     # survival's run-wide terms (optimistic, plain), until a record or aging moves them
@@ -157,7 +142,6 @@ class Speculation:
     # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
     expected_tokens: float = field(init=False, default=0.0)
     accepted_tokens: float = field(init=False, default=0.0)
-    _streak: int = field(init=False, default=0)  # plans in a row that drafted, so far
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
@@ -169,15 +153,8 @@ class Speculation:
     def calibrate(self, time_target: Callable[[int], float], time_draft: Callable[[int], float]) -> None:
         """Time calls of a few row counts on each model (the best of three each)."""
         for rows in CALIBRATION_ROWS:
-            seconds = min(time_target(rows) for _ in range(3))
-            self.target_cost.observe(rows, seconds)
-            self.plain_cost.observe(rows, seconds)  # calls after calls of their own rows, as plain steps run
+            self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
             self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
-
-    def observe_plain(self, rows: int, seconds: float) -> None:
-        """A target call of a plain step that came right after a plain step (see plain_cost)."""
-        if self.learn_host:
-            self.plain_cost.observe(rows, seconds)
 
     def observe_host(self, seconds: float, drafted: bool = False) -> None:
         """One step's seconds outside its calls; `drafted`: the step made a draft call."""
@@ -261,9 +238,9 @@ class Speculation:
         request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
         catch_up) and its draft call carries. Context rows a draft call takes in (the pending ones, a gap's) are
         taken in once and serve every later step: like the catch-up call, their share of the draft call is charged
-        at one over the steps drafting goes on for (CATCH_UP_STEPS, then as measured: STREAK_WEIGHT). Charged in
-        full, the context that piled up while nobody drafted made every later draft call look dearer (4 requests on
-        the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks alone) until drafting never resumed.
+        at 1 / CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later
+        draft call look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks
+        alone) until drafting never resumed.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
@@ -284,19 +261,12 @@ class Speculation:
             blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
             caught.append(caught[-1] + (gaps[request] if j == 0 else 0))  # a first proposal brings its gap's rows
         target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
-        if self.plain_cost.knows(fixed_target_rows):
-            target[0] = float(self.plain_cost(fixed_target_rows))
-        # The blocks' rows, and the rows the verification commits, which every drafting step's draft call takes in
-        # (the next one's: in a streak, each call carries the step before's). Left out, 4 requests at once on the
-        # demo pair priced a draft call at 16 block rows, 0.9 ms, where its calls carried 25 and took 1.9 ms, and
-        # drafted at 0.7x of the target alone. The context pending now is a one-off, charged at a share.
-        own = np.array(blocks) + fixed_draft_rows + np.array(tokens)
+        own = np.array(blocks) + fixed_draft_rows  # the blocks' rows; the context rows' share is charged apart
         blocks_s = self.draft_cost(own)
         ingest = self.draft_cost(own + np.array(caught) + context_rows) - blocks_s
-        share = 1.0 / max(self.streak_steps, 1.0)  # of the one-offs, which serve the steps drafting goes on for
-        draft = (blocks_s + ingest * share).tolist()
+        draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()
         if caught[-1]:
-            catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) * share).tolist()
+            catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
             draft = [d + c for d, c in zip(draft, catch, strict=True)]
         anyway = force_draft or fixed_draft_rows > 0
         rates = [
@@ -311,7 +281,6 @@ class Speculation:
             # one to time it. On the demo pair, 4 requests at once drafted in every step against a 4-row call time
             # left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
             best = 0
-        self._count_streak(best > 0)
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
@@ -319,14 +288,6 @@ class Speculation:
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
         return lengths
-
-    def _count_streak(self, drafting: bool) -> None:
-        """One plan more in the current drafting streak, or the streak's end (into streak_steps)."""
-        if drafting:
-            self._streak += 1
-        elif self._streak:
-            self.streak_steps += STREAK_WEIGHT * (self._streak - self.streak_steps)
-            self._streak = 0
 
 
 def _ema(average: float, value: float) -> float:

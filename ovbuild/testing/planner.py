@@ -28,13 +28,11 @@ def fixed_speculation(
     target alone plans nothing), as the Scheduler takes it."""
     if drafter is None:
         return None
-    target_cost = fixed_cost(*target)
     return Speculation(
         drafter.max_candidates,
         drafter.candidate_offset,
-        target_cost,
+        fixed_cost(*target),
         fixed_cost(*draft),
-        target_cost,  # plain steps cost as the target's calls do (see Speculation.plain_cost)
         host_s=host_s,
         learn_host=False,
     )
