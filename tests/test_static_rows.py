@@ -229,7 +229,7 @@ def test_a_copy_that_does_not_compile_is_one_clear_error(target, monkeypatch):
 @pytest.mark.parametrize("requested", ["f32", None], ids=["f32", "default"])
 def test_rows_compute_bitwise_alike_in_any_call_of_a_dynamic_model(target, requested):
     """A target too big for copies runs in the dynamic-shape model, where the plugin rounds a 1-row call other than
-    a call of more rows: its 1-row calls run with a padding row (paged_model.MIN_ROWS), so the target alone's
+    a call of more rows: its 1-row calls run with a padding row (executors.MIN_ROWS), so the target alone's
     decode rows compute bitwise as its verification rows do, beside a prompt chunk or not."""
     cfg, weights = target
     math = target_inference_precision("CPU", requested, "f16")

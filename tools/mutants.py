@@ -464,7 +464,7 @@ MUTANTS = (
     ),
     Mutant(
         "padding-blocks-kept",
-        "ovbuild/runtime/paged_model.py",
+        "ovbuild/runtime/executors.py",
         "m.cache.allocator.free(PAD_SEQUENCE)",
         "pass",
         CALLS,
@@ -628,14 +628,14 @@ MUTANTS = (
     ),
     Mutant(
         "copy-returns-the-padded-index-rows",
-        "ovbuild/runtime/paged_model.py",
+        "ovbuild/runtime/executors.py",
         "value if name in ROW_OUTPUTS else value[:named]",
         "value if name in ROW_OUTPUTS else value[-named:]",
         ("tests/test_static_rows.py",),
     ),
     Mutant(
         "dynamic-model-runs-1-row-calls-unpadded",
-        "ovbuild/runtime/paged_model.py",
+        "ovbuild/runtime/executors.py",
         "    return DynamicExecutor(model, MIN_ROWS if pinned else 1)\n",
         "    return DynamicExecutor(model, 1)\n",
         ("tests/test_static_rows.py",),
