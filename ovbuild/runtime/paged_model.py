@@ -152,8 +152,9 @@ class PagedModel:
 
     def compile_copies(self) -> None:
         """Compile every static copy now (the untapped sibling's too), rather than on the first call of its rows, and
-        run its first call on padding rows alone: a copy allocates its memory in its first call (see
-        StaticCopies.compile_s), which in a served step cost the demo's 4 requests at once a fifth of a round."""
+        run its first call on padding rows alone, once at each length its index input takes: a copy allocates its
+        memory in its first call (24 ms against 4 ms after, on the demo target; see StaticCopies.compile_s), and the
+        plugin compiles kernels for each new index length (static_rows.index_size)."""
         if self.static is not None:
             blank = padding_only_inputs(self.compiled.inputs)
             for rows in COPY_ROWS:
