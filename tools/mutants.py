@@ -279,8 +279,8 @@ MUTANTS = (
         SPECULATIVE,
     ),
     Mutant(
-        "scheduler-never-accepts-whole-proposal",
-        "ovbuild/runtime/scheduler.py",
+        "commit-never-accepts-whole-proposal",
+        "ovbuild/runtime/commit.py",
         "while accepted < len(proposal) and proposal[accepted] == best(accepted):",
         "while accepted < len(proposal) - 1 and proposal[accepted] == best(accepted):",
         SPECULATIVE,
@@ -808,9 +808,11 @@ MUTANTS = (
     ),
     Mutant(
         "logprobs-after-the-penalties",
-        "ovbuild/runtime/scheduler.py",
-        "self._commit(request, committed, logits)",
-        "self._commit(request, committed, logits if rows is None else np.stack([rows[i] for i in range(len(logits))]))",
+        "ovbuild/runtime/commit.py",
+        "    for token, row in zip(tokens, logits, strict=False):",
+        "    rows = penalized(request, logits)\n"
+        "    logits = logits if rows is None else np.stack([rows[i] for i in range(len(logits))])\n"
+        "    for token, row in zip(tokens, logits, strict=False):",
         ("tests/test_logprobs.py",),
     ),
     Mutant(

@@ -11,11 +11,11 @@ Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
      1-row subsequence, so that it rounds as a decode step does; the plan's draft_lengths hold each k) and prompt
      chunks of prefilling ones (bounded by max_num_batched_tokens);
   2. `execute(plan)` runs the target call;
-  3. `update(plan, outputs)` verifies: greedy, the longest prefix where d_i equals the target's argmax, then the
-     target's token (a sampling request goes through ovbuild.runtime.verify instead, on the rows' logits; a request
-     with penalties reads its rows penalized, ovbuild.runtime.penalties, and its greedy tokens are their host argmax;
-     one asking for logprobs keeps those of its committed rows, ovbuild.runtime.logprobs); the cache
-     manager commits the accepted rows (registering full blocks for prefix caching, keeping a hybrid target's
+  3. `update(plan, outputs)` verifies (ovbuild.runtime.commit: greedy, the longest prefix where d_i equals the
+     target's argmax, then the target's token; a sampling request through ovbuild.runtime.verify, on the rows'
+     logits; a request with penalties reads its rows penalized, and its greedy tokens are their host argmax; one
+     asking for logprobs keeps those of its committed rows) and appends the committed tokens; the cache manager
+     commits the accepted rows (registering full blocks for prefix caching, keeping a hybrid target's
      linear-attention state after the last accepted row) and the rejected rows are never committed: the next call's
      past_lens overwrites them; finished requests free their blocks;
   4. the draft side (ovbuild.runtime.draft_step) plans: a DraftPlan with the draft length of every decoding request
@@ -41,18 +41,16 @@ import numpy as np
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.detokenizer import Detokenizer
+from ovbuild.runtime.commit import append_tokens, first_token, record_prompt_logprobs, verified_tokens
 from ovbuild.runtime.draft_step import DraftStep
 from ovbuild.runtime.drafters.base import Drafter, Proposal
-from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS, token_logprob
+from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
-from ovbuild.runtime.penalties import PenalizedRows
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
 from ovbuild.runtime.validation import check_positive_int, check_prompt, token_ids
-from ovbuild.runtime.verify import verify_sampled
 
 DEFAULT_MAX_NUM_SEQS = 256
 
@@ -488,7 +486,7 @@ class Scheduler:
             request.add_taps(taps)
         start = request.target_len
         if request.config.prompt_logprobs is not None:
-            _prompt_logprobs(request, start, logits)
+            record_prompt_logprobs(request, start, logits)
         request.target_len += len(chunk)
         self._commit_rows(request, start)
         if request.target_len == request.context_len:
@@ -498,29 +496,12 @@ class Scheduler:
             if request.generated:
                 return  # recomputed after a preemption: its next token comes from verifying its anchor
             request.metrics.first_token_time = time.perf_counter()
-            sampling, rows = request.config.sampling, _penalized(request, logits[-1:])
-            if sampling is None:
-                first = [greedy[-1] if rows is None else rows.argmax(0)]
-            else:
-                first = verify_sampled(logits[-1:] if rows is None else rows, [], None, sampling, 0)
-            self._commit(request, first, logits[-1:])
+            append_tokens(request, [first_token(request, greedy[-1], logits[-1:])], logits[-1:], self.detokenize)
 
     def _verify(self, request: Request, greedy: list[int], taps, logits: np.ndarray) -> None:
-        proposal, sampling = request.proposal, request.config.sampling
-        rows = _penalized(request, logits, proposal)
-        if sampling is None:
-            # with penalties, the argmax of the penalized rows on the host, row by row as verification reads them
-            best = greedy.__getitem__ if rows is None else rows.argmax
-            accepted = 0
-            while accepted < len(proposal) and proposal[accepted] == best(accepted):
-                accepted += 1
-            committed = [*proposal[:accepted], best(accepted)]
-        else:
-            q = proposal.q  # a sampled proposal's draft distributions; None: point masses
-            committed = verify_sampled(
-                logits if rows is None else rows, list(proposal), q, sampling, len(request.generated)
-            )
-            accepted = len(committed) - 1
+        proposal = request.proposal
+        committed = verified_tokens(request, greedy, logits)
+        accepted = len(committed) - 1
         if self.trace:
             request.trace.append(
                 {"anchor_position": request.target_len, "proposed": list(proposal), "accepted": accepted}
@@ -533,34 +514,9 @@ class Scheduler:
         start = request.target_len
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         request.proposal = Proposal()
-        self._commit(request, committed, logits)
+        append_tokens(request, committed, logits, self.detokenize)
         # after the tokens are appended: the blocks' hashes read them; a hybrid's state after row `accepted`
         self._commit_rows(request, start)
-
-    def _commit(self, request: Request, tokens: list[int], logits: np.ndarray) -> None:
-        """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it);
-        logits [len(tokens), V]: the rows they were chosen from (their logprobs, when the request asks)."""
-        config = request.config
-        before = len(request.generated)
-        for token, row in zip(tokens, logits, strict=False):
-            if token in config.eos_token_ids:
-                request.finish_reason = FinishReason.STOP
-                break
-            request.generated.append(token)
-            if config.logprobs is not None:
-                request.logprobs.append(token_logprob(row, token, config.logprobs))
-            if request.remaining <= 0:
-                request.finish_reason = FinishReason.LENGTH
-                break
-        if config.stop_strings and self.detokenize is not None:
-            if request.detokenizer is None:
-                request.detokenizer = Detokenizer(self.detokenize, config.stop_strings)
-            text = request.detokenizer.find_stop(request.generated, len(request.generated) - before)
-            if text is not None:
-                request.text, request.finish_reason = text, FinishReason.STOP_STRING
-                del request.logprobs[len(request.generated) :]  # those of the tokens cut with the stop string
-        if request.finish_reason is not None:
-            request.status = Status.FINISHED
 
     def _release(self, request: Request) -> None:
         if self.drafting is not None:
@@ -579,24 +535,3 @@ class Scheduler:
         self.target.free(request.id)
         if self.drafter is not None:
             self.drafter.free(request.id)
-
-
-def _penalized(request: Request, logits: np.ndarray, draft: list[int] = ()) -> PenalizedRows | None:
-    """The request's rows with its penalties applied (row i after the draft tokens before it), None without any."""
-    penalties = request.config.penalties
-    if penalties is None or not penalties.active_after(len(request.generated)):
-        return None  # the logits as they are: greedy keeps the in-graph argmax
-    return PenalizedRows(logits, penalties, request.prompt, request.generated, draft)
-
-
-def _prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> None:
-    """Record the logprobs of the prompt tokens a prefill chunk's rows (from position `start`) predict; rows past the
-    prompt (a preempted request's generated tokens) and positions already recorded (before a preemption) are not."""
-    if not request.prompt_logprobs:
-        request.prompt_logprobs.append(None)  # the first prompt token: nothing predicts it
-    for j, row in enumerate(logits):
-        position = start + j + 1
-        if position == len(request.prompt_logprobs) and position < len(request.prompt):
-            request.prompt_logprobs.append(
-                token_logprob(row, int(request.prompt[position]), request.config.prompt_logprobs)
-            )
