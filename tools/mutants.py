@@ -257,8 +257,8 @@ MUTANTS = (
         PREFIX,
     ),
     Mutant(
-        "scheduler-hit-takes-the-last-context-token",
-        "ovbuild/runtime/scheduler.py",
+        "prefix-hit-takes-the-last-context-token",
+        "ovbuild/runtime/prefix.py",
         "limit = request.context_len - 1",
         "limit = request.context_len",
         PREFIX,

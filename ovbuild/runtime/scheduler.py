@@ -31,7 +31,6 @@ draft again first gets the taps it missed (ovbuild.runtime.catch_up, run before 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from ovbuild.runtime.drafters.base import Drafter, Proposal
 from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
+from ovbuild.runtime.prefix import cached_prefix, prefilling_its_first_block
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
@@ -316,44 +316,18 @@ class Scheduler:
             plan.hits[request.id] = hit
 
     def _prefills_its_prefix(self, request: Request) -> bool:
-        """Whether a running request is still prefilling the same first block (n samples of one prompt, queued
-        together): waiting for it lets this one start on its cached blocks instead of computing them again."""
+        """Whether a running request is still prefilling this one's first block (ovbuild.runtime.prefix)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return False
-        size = self.target.cache_manager.block_size
-        if request.context_len <= size:
-            return False
-        first = request.block_hashes(size, size)
-        return any(
-            r.status is Status.PREFILL and r.context_len > size and r.block_hashes(size, size) == first
-            for r in self.running
-        )
+        prefilling = [r for r in self.running if r.status is Status.PREFILL]
+        return prefilling_its_first_block(request, prefilling, self.target.cache_manager.block_size)
 
     def _prefix_hits(self, request: Request) -> tuple[int, int]:
-        """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
-        (its row must run: its logits give the first token). The draft's hit is at most the target's; when it is
-        shorter, the taps in between are a gap the target computes again before the request drafts
-        (ovbuild.runtime.catch_up). A target with states cannot run a catch-up: both start at one length, the
-        longest every cache (and a snapshot) holds."""
+        """(target, draft) tokens of the request's context found cached (ovbuild.runtime.prefix.cached_prefix)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return 0, 0  # prompt logprobs come from the prompt's rows: they all run
-        limit = request.context_len - 1
-        target = self.target.cache_manager
-        hit = target.cached_prefix(request.block_hashes(target.block_size, limit))
-        if self.drafter is None:
-            return hit, 0
-        draft = self.drafter.cache_manager
-        hashes = request.block_hashes(draft.block_size, limit)
-        if self.target.states is None:
-            draft_hit = min(draft.cached_prefix(hashes), hit)
-            return hit, draft_hit - draft_hit % draft.block_size
-        caches = [target, draft]
-        step = math.lcm(target.block_size, draft.block_size)
-        common = min(hit, draft.cached_prefix(hashes))
-        common -= common % step
-        while common and not all(c.cached_prefix(request.block_hashes(c.block_size, common)) == common for c in caches):
-            common -= step
-        return common, common
+        draft = self.drafter.cache_manager if self.drafter is not None else None
+        return cached_prefix(request, self.target.cache_manager, draft, self.target.states is not None)
 
     def _start(self, request: Request, hit: int, draft_hit: int) -> bool:
         """Give the request its cached prefix and blocks for its whole context in every cache; False (holding
