@@ -11,11 +11,11 @@ from ovbuild.runtime.request import GenerationConfig
 pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 NEW_TOKENS = 96
-# Measured 2.75 (k = 7, default math on an AVX-512 bf16 CPU) and 2.53 (f32 math) on these prompts with the 24-layer
+# Measured 3.11 (k = 7, default math on an AVX-512 bf16 CPU) and 2.89 (f32 math) on these prompts with the 24-layer
 # target; a drop below the floor means the checkpoints, the export or the runtime lost draft quality. The draft length
 # is pinned: the adaptive one depends on call times.
 PINNED_K = 7
-ACCEPTANCE_FLOOR = 2.2
+ACCEPTANCE_FLOOR = 2.5
 
 
 def repeats_a_run(ids: list[int], n: int = 16) -> bool:
