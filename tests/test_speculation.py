@@ -43,8 +43,10 @@ def objective(spec: Speculation, free, lengths, fixed_target, fixed_draft, conte
     tokens = sum(1 + sum(spec.survival([s])[0][:k]) for (s, _), k in zip(free, lengths, strict=True))
     seconds = spec.target_cost(fixed_target + sum(lengths)) + spec.host_s
     if any(lengths) or force or fixed_draft:
-        rows = fixed_draft + sum(k + spec.candidate_offset for k in lengths if k)
-        ingest = (spec.draft_cost(rows + context) - spec.draft_cost(rows)) / CATCH_UP_STEPS  # a one-off, shared
+        steady = min(context, tokens)  # what a drafting step commits, carried by every draft call
+        rows = fixed_draft + sum(k + spec.candidate_offset for k in lengths if k) + steady
+        backlog = context - steady
+        ingest = (spec.draft_cost(rows + backlog) - spec.draft_cost(rows)) / CATCH_UP_STEPS  # a one-off, shared
         seconds += spec.draft_cost(rows) + ingest + spec.draft_host_s
     return float(tokens / seconds)
 
@@ -61,7 +63,7 @@ def test_plan_is_the_best_plan(offset):
         spec = Speculation(4, offset, fixed_cost(*rng.uniform(0, 2e-3, 2)), fixed_cost(*rng.uniform(0, 2e-3, 2)))
         spec.host_s, spec.draft_host_s = (float(x) for x in rng.uniform(0, 1e-3, 2))
         free = [(stats(np.sort(rng.uniform(0, 1, 4))[::-1].tolist()), int(rng.integers(0, 5))) for _ in range(3)]
-        fixed = (len(free) + int(rng.integers(0, 20)), int(rng.integers(0, 3)), int(rng.integers(0, 10)))
+        fixed = (len(free) + int(rng.integers(0, 20)), int(rng.integers(0, 3)), int(rng.integers(0, 40)))
         force = bool(rng.integers(0, 2))
         chosen = spec.plan(free, *fixed, force)
         assert all(0 <= k <= longest for k, (_, longest) in zip(chosen, free, strict=True))
@@ -132,13 +134,14 @@ def test_scheduler_drafts_full_blocks_when_right_and_stops_when_wrong(models, ri
     if right:
         assert lengths[7] >= 4 and sum(lengths[1:7]) <= 1, lengths  # full blocks (the last steps are capped)
     else:
-        # tried while the evidence is thin, then ever more rarely as each retry adds a miss: at most 20 calls, the
-        # stretches between retries growing
+        # tried while the evidence is thin, then rarely as each retry adds a miss: at most 20 calls, the stretches
+        # between retries never shorter than the one before (they grow to about 20 steps, where the fading of the
+        # evidence and each retry's miss balance)
         drafted = "".join("d" if step["proposed"] else "." for step in request.trace)
         calls = [i for i, step in enumerate(drafted) if step == "d"]
         retries = [b - a for a, b in itertools.pairwise(calls) if b - a > 1]
         assert lengths[0] >= 25 and drafter.calls <= 20, drafted
-        assert retries == sorted(retries) and (len(retries) < 2 or retries[-1] >= 2 * retries[0]), drafted
+        assert retries == sorted(retries) and all(r >= 5 for r in retries), drafted
 
 
 def test_drafting_resumes_after_early_misses(models):
@@ -318,6 +321,19 @@ def test_plans_expect_as_many_tokens_as_verifications_have_accepted():
     met, missed = planner(lambda k: k), planner(lambda k: 0)
     assert met.realism > 1.0 and met.plan([(stats([0.9] * 7), 7)], 1, 0, 0, False) == [7]
     assert missed.realism < 0.2 and missed.plan([(stats([0.9] * 7), 7)], 1, 0, 0, False) == [0]
+
+
+def test_a_drafting_steps_context_is_charged_in_full_and_a_backlog_at_its_share():
+    """Each draft call carries the context rows committed since the last one: while drafting goes on, what every step
+    commits, a cost of every step. At 16 requests on the demo pair, plans that charged it at 1 / CATCH_UP_STEPS priced
+    draft calls at 1.3 ms that took 3.1 ms, and drafted at 0.7x to 0.9x the target alone. Context beyond what a step
+    commits is a backlog from steps without a draft call: it is taken in once, and charged at that share."""
+    spec = Speculation(7, 1, fixed_cost(2e-3, 2e-5), fixed_cost(2e-4, 2e-5))
+    free = [(stats([0.6] * 7), 2)] * 16  # a drafting step commits about 16 x (1 + 0.6 + 0.36) = 31 rows
+    assert all(spec.plan(free, 16, 0, 0, False)), "nothing to carry: drafting pays"
+    # 31 rows at 20 us: charged at 1 / CATCH_UP_STEPS they would not change the plan; in full they do
+    assert not any(spec.plan(free, 16, 0, 31, False)), "carrying what each step commits, drafting does not pay"
+    # the backlog's share is in the objective test_plan_is_the_best_plan writes out (context up to 40 rows)
 
 
 def test_a_gap_is_charged_to_the_request_that_drafts_after_it():

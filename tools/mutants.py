@@ -378,6 +378,13 @@ MUTANTS = (
         PLANNER,
     ),
     Mutant(
+        "speculation-steady-context-at-a-share",
+        "ovbuild/runtime/speculation.py",
+        "steady = np.minimum(context_rows, np.array(tokens))",
+        "steady = 0 * np.array(tokens)",
+        PLANNER,
+    ),
+    Mutant(
         "speculation-evidence-never-ages",
         "ovbuild/runtime/speculation.py",
         "fade = RUN_IDLE_DECAY**idle_steps",

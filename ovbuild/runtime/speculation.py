@@ -11,10 +11,11 @@ error optimistic so that early misses do not stop drafting for good and fades wh
 tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
 measured as a function of rows (ovbuild.runtime.call_cost: calibrated once, then updated from every call); host time
 is measured apart for steps with and without a draft call. The draft works for the rows it runs: a request drafting k
-tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a block of that length); the
-context rows any draft call carries for every request (pending taps, a gap's) serve every later step and are charged
-at a share (CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not drafting by
-DRAFT_MARGIN.
+tokens costs k + 1 target rows and k + candidate_offset draft rows (the drafter runs a block of that length). A draft
+call also carries every request's pending context rows: as many as the step commits are charged in full (each call
+of a drafting streak carries the step before's), and a backlog beyond them (taps piled up while nobody drafted, a
+gap's) serves every later step and is charged at a share (CATCH_UP_STEPS). A plan that makes a draft call where none
+is needed must beat not drafting by DRAFT_MARGIN.
 
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
@@ -236,11 +237,12 @@ class Speculation:
         anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
         rows of every request (any draft call carries them); force_draft: a draft call happens anyway; gaps: each free
         request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
-        catch_up) and its draft call carries. Context rows a draft call takes in (the pending ones, a gap's) are
-        taken in once and serve every later step: like the catch-up call, their share of the draft call is charged
-        at 1 / CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later
-        draft call look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks
-        alone) until drafting never resumed.
+        catch_up) and its draft call carries. Pending context up to what the step commits is charged in full (a
+        drafting streak carries that much every step); context beyond it (a backlog, a gap's) is taken in once and
+        serves every later step: like the catch-up call, its share of the draft call is charged at 1 /
+        CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later draft call
+        look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks alone)
+        until drafting never resumed.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
@@ -261,9 +263,13 @@ class Speculation:
             blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
             caught.append(caught[-1] + (gaps[request] if j == 0 else 0))  # a first proposal brings its gap's rows
         target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
-        own = np.array(blocks) + fixed_draft_rows  # the blocks' rows; the context rows' share is charged apart
+        # A draft call carries the blocks and the context rows committed since the last one. While drafting goes on,
+        # those are what each step commits (the step's tokens), paid every step: they are charged in full. Only the
+        # context beyond that, a backlog from steps without a draft call, is charged at its share.
+        steady = np.minimum(context_rows, np.array(tokens))
+        own = np.array(blocks) + fixed_draft_rows + steady
         blocks_s = self.draft_cost(own)
-        ingest = self.draft_cost(own + np.array(caught) + context_rows) - blocks_s
+        ingest = self.draft_cost(own + np.array(caught) + (context_rows - steady)) - blocks_s
         draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()
         if caught[-1]:
             catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
