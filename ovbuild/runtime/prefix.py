@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,9 +32,7 @@ def chain_hashes(tokens: list[int] | np.ndarray, block_size: int, parents: list[
     return hashes
 
 
-def cached_prefix(
-    request: Request, target: CacheManager, draft: CacheManager | None, stateful: bool
-) -> tuple[int, int]:
+def prefix_hits(request: Request, target: CacheManager, draft: CacheManager | None, stateful: bool) -> tuple[int, int]:
     """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
     (its row must run: its logits give the first token). The draft's hit is at most the target's; when it is shorter,
     the taps in between are a gap the target computes again before the request drafts (ovbuild.runtime.catch_up).
@@ -56,7 +55,7 @@ def cached_prefix(
     return common, common
 
 
-def prefilling_its_first_block(request: Request, prefilling: list[Request], block_size: int) -> bool:
+def prefilling_its_first_block(request: Request, prefilling: Iterable[Request], block_size: int) -> bool:
     """Whether one of the `prefilling` requests is computing the request's first block (n samples of one prompt,
     queued together): waiting for it lets the request start on the cached block instead of computing it again."""
     if request.context_len <= block_size:

@@ -46,7 +46,7 @@ from ovbuild.runtime.drafters.base import Drafter, Proposal
 from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
-from ovbuild.runtime.prefix import cached_prefix, prefilling_its_first_block
+from ovbuild.runtime.prefix import prefilling_its_first_block, prefix_hits
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
@@ -319,15 +319,15 @@ class Scheduler:
         """Whether a running request is still prefilling this one's first block (ovbuild.runtime.prefix)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return False
-        prefilling = [r for r in self.running if r.status is Status.PREFILL]
+        prefilling = (r for r in self.running if r.status is Status.PREFILL)
         return prefilling_its_first_block(request, prefilling, self.target.cache_manager.block_size)
 
     def _prefix_hits(self, request: Request) -> tuple[int, int]:
-        """(target, draft) tokens of the request's context found cached (ovbuild.runtime.prefix.cached_prefix)."""
+        """(target, draft) tokens of the request's context found cached (ovbuild.runtime.prefix.prefix_hits)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return 0, 0  # prompt logprobs come from the prompt's rows: they all run
         draft = self.drafter.cache_manager if self.drafter is not None else None
-        return cached_prefix(request, self.target.cache_manager, draft, self.target.states is not None)
+        return prefix_hits(request, self.target.cache_manager, draft, self.target.states is not None)
 
     def _start(self, request: Request, hit: int, draft_hit: int) -> bool:
         """Give the request its cached prefix and blocks for its whole context in every cache; False (holding
