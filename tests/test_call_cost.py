@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ovbuild.runtime.call_cost import PHASE_CALLS, CallCost
+from ovbuild.runtime.static_rows import copy_size
 
 
 def test_call_cost_interpolates_extrapolates_and_resists_spikes():
@@ -48,3 +49,18 @@ def test_call_cost_leaves_out_buckets_of_another_phase():
     cost.observe(4, 2.0)
     assert not cost.outdated(4) and cost(4) == pytest.approx(2.0), "the old 9.0 is gone, not pooled"
     assert cost(8) == pytest.approx(2.0 + (4.0 - 2.0) * 4 / 12), "bucket 8, outdated, is left out"
+
+
+def test_a_call_is_kept_and_priced_at_the_rows_it_computes():
+    """With static copies a call runs padded up to its copy's rows: 13 rows cost what 16 do. Kept as 13 rows, its time
+    would land in the 12-row bucket, and 14 to 16 rows would look dearer than 13, where they are free."""
+    cost = CallCost(computed=copy_size)
+    cost.observe(12, 1.5)
+    cost.observe(13, 2.0)  # ran in the 16-row copy
+    cost.observe(24, 3.0)
+    assert cost(np.array([12, 13, 14, 16])) == pytest.approx([1.5, 2.0, 2.0, 2.0])
+    assert cost.fastest(15) == 2.0 and cost.fastest(11) == 1.5
+    plain = CallCost()
+    plain.observe(12, 1.5)
+    plain.observe(13, 2.0)
+    assert plain.seen.sum() == 1 and plain(12) == pytest.approx(1.5), "without copies: kept as requested (12 and 13)"

@@ -23,6 +23,7 @@ from ovbuild.runtime.speculation import (
     AcceptanceStats,
     Speculation,
 )
+from ovbuild.runtime.static_rows import COPY_ROWS, copy_size
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -403,3 +404,22 @@ def test_the_run_wide_evidence_fades_while_nobody_drafts():
     spec.age(1000)
     assert spec.plan([(spec.new_stats(), 7)], 1, 0, 0, False)[0] > 0
     assert spec.expected_tokens < 0.1 * expected and spec.accepted_tokens <= accepted
+
+
+def test_plans_fill_the_copy_their_verification_runs_in():
+    """With static copies a call of 13 rows computes 16: the proposals that fill its copy cost nothing, and plans that
+    priced rows as requested left them out (4 requests on the demo pair verified 13 to 15 rows in the 16-row copy)."""
+    filled, unfilled = [], []
+    for per_row in (5e-5, 1e-4, 2e-4, 4e-4):
+        for computed, plans in ((copy_size, filled), (None, unfilled)):
+            target = CallCost(window=0, computed=computed)
+            for rows in COPY_ROWS:
+                target.observe(rows, 2e-3 + per_row * rows)
+            spec = Speculation(7, 1, target, fixed_cost(1e-4, 1e-6), learn_host=False)
+            stats = [spec.new_stats() for _ in range(4)]
+            for i, request in enumerate(stats):  # unequal histories: the best plan is not one k for all
+                for accepted in (1, 2, 3, 4, 5, 0, 2)[i:]:
+                    spec.record(request, 7, accepted)
+            plans.append(sum(spec.plan([(s, 7) for s in stats], 4, 0, 0, False)) + 4)  # the call's rows
+    assert all(rows in COPY_ROWS for rows in filled), filled
+    assert any(rows not in COPY_ROWS for rows in unfilled), f"the control plans filled their copies too: {unfilled}"

@@ -164,6 +164,22 @@ def test_calls_that_compile_a_copy_stay_out_of_the_cost_curves(target, draft):
     assert observed == {name: calls[name] - compiled[name] for name in calls}, (observed, calls, compiled)
 
 
+def test_a_pairs_planner_keeps_and_prices_calls_at_their_copys_rows(target, draft):
+    """The planner of a pair with copies keeps a 13-row target call as the 16-row copy's and a 20-row draft call as
+    the 24-row copy's (Speculation.for_pair); without copies a call computes the rows it asks for."""
+    (tcfg, tweights), (dcfg, dweights) = target, draft
+    model = PagedModel(build_target(tcfg, tweights, dcfg.target_layer_ids), kv_cache_precision="f32", static_rows=True)
+    drafter = BlockDrafter(build_dflash_draft(dcfg, dweights, tweights), kv_cache_precision="f32", static_rows=True)
+    speculation = Speculation.for_pair(model, drafter)
+    speculation.target_cost.observe(13, 1.0)
+    speculation.draft_cost.observe(20, 1.0)
+    assert speculation.target_cost.fastest(16) == speculation.draft_cost.fastest(24) == 1.0
+    dynamic = PagedModel(
+        build_target(tcfg, tweights, dcfg.target_layer_ids), kv_cache_precision="f32", static_rows=False
+    )
+    assert dynamic.static is None and Speculation.for_pair(dynamic, drafter).target_cost.computed(13) == 13
+
+
 def test_compile_copies_compiles_every_row_count_up_front(target):
     cfg, weights = target
     model = PagedModel(build_target(cfg, weights, TAPS), kv_cache_precision="f32", static_rows=True)

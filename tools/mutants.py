@@ -336,6 +336,27 @@ MUTANTS = (
         CALL_COST,
     ),
     Mutant(
+        "speculation-cost-keeps-calls-at-the-rows-asked",
+        "ovbuild/runtime/call_cost.py",
+        "rows = self.computed(rows) if self.computed is not None else rows",
+        "rows = rows",
+        CALL_COST,
+    ),
+    Mutant(
+        "speculation-cost-prices-the-rows-asked",
+        "ovbuild/runtime/call_cost.py",
+        "rows = np.array([self.computed(int(r)) for r in np.ravel(rows)]).reshape(np.shape(rows))",
+        "rows = np.asarray(rows)",
+        ("tests/test_call_cost.py", "tests/test_speculation.py"),
+    ),
+    Mutant(
+        "static-copies-compute-the-rows-asked",
+        "ovbuild/runtime/paged_model.py",
+        "return copy_size(rows) if self.static is not None and rows <= COPY_ROWS[-1] else rows",
+        "return rows",
+        ("tests/test_static_rows.py",),
+    ),
+    Mutant(
         "speculation-cost-keeps-another-phase",
         "ovbuild/runtime/call_cost.py",
         "            recent.clear()  # its calls are from another phase of the run\n",

@@ -23,6 +23,7 @@ from ovbuild.runtime.static_rows import (
     COPY_ROWS,
     MAX_WEIGHT_BYTES,
     StaticCopies,
+    copy_size,
     index_sizes,
     pad_index,
     padding_only_inputs,
@@ -167,6 +168,10 @@ class PagedModel:
                 self.static.first_call(rows, time.perf_counter() - start)
         if self.can_skip_taps:
             self.untapped().compile_copies()
+
+    def computed_rows(self, rows: int) -> int:
+        """Rows a call of `rows` rows computes: the row count of the static copy it runs in, padding included."""
+        return copy_size(rows) if self.static is not None and rows <= COPY_ROWS[-1] else rows
 
     @property
     def compile_s(self) -> float:

@@ -118,9 +118,7 @@ class Pipeline:
         self.drafter = load_drafter(draft_dir, o, draft_model) if draft_dir is not None else None
         # one planner for every scheduler of this pipeline: call costs are measured once and keep improving, and the
         # run-wide acceptance carries over from one generate call to the next
-        self.speculation = (
-            Speculation(self.drafter.max_candidates, self.drafter.candidate_offset) if self.drafter else None
-        )
+        self.speculation = Speculation.for_pair(self.target, self.drafter) if self.drafter else None
         if self.speculation is not None and o.calibration_cache:
             settings = f"{o.device}; {o.target}; {o.draft}; {sorted(o.draft_options.items())}; {self.describe()}"
             cache = CalibrationCache.for_pair(target_dir, draft_dir, settings, o.recalibrate)

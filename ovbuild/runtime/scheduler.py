@@ -102,7 +102,7 @@ class Scheduler:
         check_positive_int(max_num_seqs, "max_num_seqs")
         self.target, self.drafter = target, drafter
         if drafter is not None and speculation is None:
-            speculation = Speculation(drafter.max_candidates, drafter.candidate_offset)
+            speculation = Speculation.for_pair(target, drafter)
         self.speculation = speculation
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens

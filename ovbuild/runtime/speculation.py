@@ -147,6 +147,16 @@ class Speculation:
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
 
+    @classmethod
+    def for_pair(cls, target, drafter) -> Speculation:
+        """A planner for `drafter` drafting for `target` (PagedModel), whose costs go by the rows each call computes."""
+        return cls(
+            drafter.max_candidates,
+            drafter.candidate_offset,
+            CallCost(computed=target.computed_rows),
+            CallCost(computed=drafter.computed_rows),
+        )
+
     @property
     def calibrated(self) -> bool:
         return self.target_cost.calibrated and self.draft_cost.calibrated

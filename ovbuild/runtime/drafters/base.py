@@ -85,6 +85,10 @@ class Drafter(ABC):
     def compile_copies(self) -> None:  # noqa: B027 (optional hook: a drafter without copies has nothing to do)
         """Compile now what the drafter would compile on first use (static copies per row count)."""
 
+    def computed_rows(self, rows: int) -> int:
+        """Rows a call of `rows` rows computes (more where calls are padded, PagedModel.computed_rows)."""
+        return rows
+
     @property
     @abstractmethod
     def cache_manager(self) -> CacheManager:

@@ -71,6 +71,9 @@ class BlockDrafter(Drafter):
     def compile_copies(self) -> None:
         self.model.compile_copies()
 
+    def computed_rows(self, rows: int) -> int:
+        return self.model.computed_rows(rows)
+
     def describe(self) -> str:
         return self.model.describe()
 
