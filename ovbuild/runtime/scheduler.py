@@ -254,14 +254,15 @@ class Scheduler:
     def _grow(self, plan: StepPlan) -> None:
         """Blocks for every running request's rows of this step, oldest first; when a cache runs out, the most recently
         admitted running request is preempted (the one growing itself, when it is the last)."""
+        caches = self.caches.items()  # once per step: the property builds its dict each time it is asked
         for request in list(self.running):
             if request not in self.running:
                 continue  # preempted for an older one
             rows = self._rows_wanted(request)
             while True:
                 lengths = self._step_lengths(request, request.target_len + rows)
-                if all(cache.can_hold(request.id, lengths[name]) for name, cache in self.caches.items()):
-                    for name, cache in self.caches.items():
+                if all(cache.can_hold(request.id, lengths[name]) for name, cache in caches):
+                    for name, cache in caches:
                         cache.reserve(request.id, lengths[name])
                     break
                 victim = self.running[-1]
