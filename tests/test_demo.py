@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovbuild.demo import DIM, PLAIN, Comparison, Round, completion_block, summary
+from ovbuild.demo import DIM, PLAIN, Comparison, Round, compare, completion_block, summary
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.request import GenerationConfig, Request
 
@@ -44,6 +44,25 @@ def test_an_even_count_of_rounds_averages_the_middle_pair_and_shows_the_lower_on
 
 def test_a_round_with_other_tokens_is_not_identical():
     assert not Comparison("x", [round_of(1.0, 1.0), round_of(1.0, 1.0, tokens=[5, 7])]).identical
+
+
+class TimedPipeline:
+    """A pipeline whose n-th generate call takes n seconds: which calls a comparison times shows in its rounds."""
+
+    def __init__(self):
+        self.calls: list[bool] = []  # use_draft of each call
+
+    def generate(self, batch, max_new_tokens, k, use_draft):
+        self.calls.append(use_draft)
+        return [request([5, 6])], metrics(100, float(len(self.calls)))
+
+
+def test_a_comparison_times_its_rounds_after_an_untimed_one():
+    """The first round of a way of serving runs cold (and only its first side pays): it is run, and left out."""
+    pipeline = TimedPipeline()
+    c = compare(pipeline, "x", [["a"]], 4, None, rounds=2)
+    assert pipeline.calls == [False, True, True, False, False, True]  # the untimed round, then alternating order
+    assert [(r.speculative_metrics.wall_s, r.alone_metrics.wall_s) for r in c.rounds] == [(3.0, 4.0), (6.0, 5.0)]
 
 
 def test_completion_blocks_off_and_on_a_terminal():

@@ -563,6 +563,13 @@ MUTANTS = (
     ),
     # -- static row counts ---------------------------------------------------------------------------------------------
     Mutant(
+        "demo-times-its-first-round",
+        "ovbuild/demo.py",
+        "for r in range(-1, rounds):",
+        "for r in range(rounds):",
+        ("tests/test_demo.py",),
+    ),
+    Mutant(
         "demo-compiles-copies-while-timing",
         "ovbuild/demo.py",
         "        pipeline.compile_copies()\n",
