@@ -95,6 +95,9 @@ class ToyHybridTarget:
         hidden = np.zeros((len(greedy), 1), np.float32)  # taps for the draft: the toy draft ignores them
         return {"greedy_ids": greedy[wanted], "logits": logits, "hidden_states": hidden}
 
+    def computed_rows(self, rows: int) -> int:
+        return rows  # as PagedModel without static copies
+
     def free(self, seq_id: int) -> None:
         self.cache_manager.free(seq_id)
 
