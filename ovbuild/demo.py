@@ -1,6 +1,7 @@
 """`ovbuild demo`: export a target + DFlash draft pair, then run code-completion prompts with the draft and with the
 target alone, one request at a time and all at once, and compare outputs, acceptance, the draft lengths the planner
-chose and the speed (the speed-up taken within each round, reported as its median and spread over rounds).
+chose and the speed (the speed-up taken within each round, reported as its median and spread over the rounds timed
+after an untimed one).
 
 The default pair is the small trained one shipped in `ovbuild/data/demo` (docs/demo_training.md); `tiny=True` uses
 the random test pair instead (it accepts almost nothing: it shows the mechanics, not the speed-up). Where the planner
@@ -251,7 +252,12 @@ def register(subparsers) -> None:
     p.add_argument(
         "--num-assistant-tokens", type=int, help="draft tokens verified per step (default: chosen each step)"
     )
-    p.add_argument("--rounds", type=int, default=3, help="rounds per way of serving (the speed-up is their median)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="timed rounds per way of serving, after an untimed one (the speed-up is their median)",
+    )
     p.add_argument("--prompt", action="append", help="replace the built-in prompts (repeatable)")
     p.add_argument("--tiny", action="store_true", help="use the random test pair instead of the trained one")
     add_runtime_arguments(p)
