@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ovbuild.runtime.call_cost import PHASE_CALLS, CallCost
-from ovbuild.runtime.static_rows import copy_size
+from ovbuild.runtime.static_rows import padded_rows
 
 
 def test_call_cost_interpolates_extrapolates_and_resists_spikes():
@@ -54,7 +54,7 @@ def test_call_cost_leaves_out_buckets_of_another_phase():
 def test_a_call_is_kept_and_priced_at_the_rows_it_computes():
     """With static copies a call runs padded up to its copy's rows: 13 rows cost what 16 do. Kept as 13 rows, its time
     would land in the 12-row bucket, and 14 to 16 rows would look dearer than 13, where they are free."""
-    cost = CallCost(computed=copy_size)
+    cost = CallCost(computed=padded_rows)
     cost.observe(12, 1.5)
     cost.observe(13, 2.0)  # ran in the 16-row copy
     cost.observe(24, 3.0)

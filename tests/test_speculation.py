@@ -23,7 +23,7 @@ from ovbuild.runtime.speculation import (
     AcceptanceStats,
     Speculation,
 )
-from ovbuild.runtime.static_rows import COPY_ROWS, copy_size
+from ovbuild.runtime.static_rows import COPY_ROWS, padded_rows
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -411,7 +411,7 @@ def test_plans_fill_the_copy_their_verification_runs_in():
     priced rows as requested left them out (4 requests on the demo pair verified 13 to 15 rows in the 16-row copy)."""
     filled, unfilled = [], []
     for per_row in (5e-5, 1e-4, 2e-4, 4e-4):
-        for computed, plans in ((copy_size, filled), (None, unfilled)):
+        for computed, plans in ((padded_rows, filled), (None, unfilled)):
             target = CallCost(window=0, computed=computed)
             for rows in COPY_ROWS:
                 target.observe(rows, 2e-3 + per_row * rows)

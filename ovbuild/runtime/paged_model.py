@@ -24,9 +24,9 @@ from ovbuild.runtime.static_rows import (
     COPY_ROWS,
     MAX_WEIGHT_BYTES,
     StaticCopies,
-    copy_size,
     index_sizes,
     pad_index,
+    padded_rows,
     padding_only_inputs,
     weight_bytes,
 )
@@ -172,7 +172,7 @@ class PagedModel:
 
     def computed_rows(self, rows: int) -> int:
         """Rows a call of `rows` rows computes: the row count of the static copy it runs in, padding included."""
-        return copy_size(rows) if self.static is not None and rows <= COPY_ROWS[-1] else rows
+        return padded_rows(rows) if self.static is not None else rows
 
     @property
     def compile_s(self) -> float:

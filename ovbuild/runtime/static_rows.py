@@ -48,6 +48,12 @@ def copy_size(rows: int) -> int:
     return COPY_ROWS[bisect.bisect_left(COPY_ROWS, rows)]
 
 
+def padded_rows(rows: int) -> int:
+    """The rows a call of `rows` rows computes in copies: its copy's, padding included; as asked past the largest copy
+    (a longer subsequence runs in the dynamic model, see parts)."""
+    return copy_size(rows) if rows <= COPY_ROWS[-1] else rows
+
+
 def parts(rows: list[SequenceRows]) -> list[tuple[list[int], bool]]:
     """A call's subsequences (indices into `rows`) cut into parts: (indices, static). Subsequences longer than the
     largest copy go to one dynamic part; the others, in order, fill parts of at most COPY_ROWS[-1] rows."""
