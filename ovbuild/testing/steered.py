@@ -10,6 +10,7 @@ anchor of every call must be the committed token at the position the draft's con
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,14 +50,18 @@ class SteeredDrafter(Drafter):
         first_misses: int = 0,
         accept_chance: float | None = None,
     ):
-        self.inner, self.vocab_size = inner, vocab_size
+        self.inner, self.vocab_size, self.seed = inner, vocab_size, seed
         self.rng = np.random.default_rng(seed)
         self.wrong_rate = wrong_rate  # chance that a step holds a wrong token at all
         self.wrong_at = wrong_at  # the wrong token's position in every step, instead of a random one
         self.first_misses = first_misses  # proposals wrong at their first token before the rules above apply
         # instead of a uniform position: each token right with this chance once those before it are, so that the
-        # first wrong one is at j with chance a^j (1 - a), the constant-per-position acceptance of a published draft
+        # first wrong one is at j with chance a^j (1 - a), the constant-per-position acceptance of a published draft.
+        # Which tokens are wrong is drawn once per text (right_positions), not per call: as with a real draft, the
+        # acceptance belongs to the text, so every run of it (rounds of a benchmark, other draft lengths) meets the
+        # same wrong tokens, and runs differ only in what they do with them.
         self.accept_chance = accept_chance
+        self._right: dict[tuple[int, ...], np.ndarray] = {}
         self.calls = 0  # draft calls made
         self.truths: dict[int, list[int]] = {}  # filled by the test as it adds requests
         self.seen: dict[int, int] = {}  # context rows handed to the draft per sequence = tokens in the target cache
@@ -110,9 +115,11 @@ class SteeredDrafter(Drafter):
         proposal = list(truth[position + 1 : position + 1 + k])
         known = len(proposal)  # positions past the target's last token are unknown: filled, never counted
         proposal += [0] * (k - known)
-        wrong = int(self.rng.integers(0, k + 1)) if self.rng.random() < self.wrong_rate else k
         if self.accept_chance is not None:
-            wrong = min(int(self.rng.geometric(1.0 - self.accept_chance)) - 1, k) if self.accept_chance < 1 else k
+            window = self.right_positions(truth)[position + 1 : position + 1 + k]
+            wrong = int(np.argmin(window)) if not window.all() else k  # the first wrong one, or none
+        else:
+            wrong = int(self.rng.integers(0, k + 1)) if self.rng.random() < self.wrong_rate else k
         wrong = wrong if self.wrong_at is None else min(self.wrong_at, k)
         if self.first_misses > 0:
             self.first_misses -= 1
@@ -122,6 +129,15 @@ class SteeredDrafter(Drafter):
         if wrong <= known:
             self.log.steps.setdefault(item.seq_id, []).append((k, min(wrong, k)))
         return proposal
+
+    def right_positions(self, truth: list[int]) -> np.ndarray:
+        """accept_chance mode: per position of the text `truth`, whether a proposal of that token is right (each with
+        chance accept_chance, drawn from the seed and the text alone). [len(truth)] bool."""
+        key = tuple(truth)
+        if key not in self._right:
+            text = zlib.crc32(np.asarray(truth, np.int64).tobytes())
+            self._right[key] = np.random.default_rng([self.seed, text]).random(len(truth)) < self.accept_chance
+        return self._right[key]
 
     @property
     def cache_manager(self) -> CacheManager:
