@@ -317,8 +317,15 @@ MUTANTS = (
     Mutant(
         "speculation-draft-call-free",
         "ovbuild/runtime/speculation.py",
-        "(draft[m] + self.draft_host_s if m or anyway else 0.0)",
+        "(draft[m] + draft_host if m or anyway else 0.0)",
         "0.0",
+        PLANNER,
+    ),
+    Mutant(
+        "speculation-host-time-for-every-batch-size",
+        "ovbuild/runtime/speculation.py",
+        "host, draft_host = self.host(requests or len(free))",
+        "host, draft_host = self.host(12)",
         PLANNER,
     ),
     Mutant(
