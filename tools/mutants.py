@@ -322,6 +322,13 @@ MUTANTS = (
         PLANNER,
     ),
     Mutant(
+        "speculation-realism-counts-first-verifications",
+        "ovbuild/runtime/speculation.py",
+        "if stats.expected and not first:",
+        "if stats.expected:",
+        PLANNER,
+    ),
+    Mutant(
         "speculation-host-time-for-every-batch-size",
         "ovbuild/runtime/speculation.py",
         "host, draft_host = self.host(requests or len(free))",
