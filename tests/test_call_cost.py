@@ -64,16 +64,3 @@ def test_a_call_is_kept_and_priced_at_the_rows_it_computes():
     plain.observe(12, 1.5)
     plain.observe(13, 2.0)
     assert plain.seen.sum() == 1 and plain(12) == pytest.approx(1.5), "without copies: kept as requested (12 and 13)"
-
-
-@pytest.mark.parametrize("computed", [None, padded_rows])
-def test_one_row_count_is_priced_as_the_curve_prices_it(computed):
-    """`at` (plain Python, for one row count) agrees with the curve over arrays: no bucket, one, several; below the
-    first bucket, between buckets, beyond the last; with and without static copies."""
-    cost = CallCost(computed=computed)
-    rows = [1, 2, 3, 5, 7, 13, 40, 100]
-    assert [cost.at(r) for r in rows] == pytest.approx(cost(np.array(rows)).tolist())
-    rng = np.random.default_rng(0)
-    for observed in (6, 2, 16, 1, 24, 4):
-        cost.observe(observed, float(rng.uniform(1e-3, 4e-3)))
-        assert [cost.at(r) for r in rows] == pytest.approx(cost(np.array(rows)).tolist(), rel=1e-12)

@@ -338,8 +338,8 @@ MUTANTS = (
     Mutant(
         "speculation-cost-not-monotone",
         "ovbuild/runtime/call_cost.py",
-        "self._fit = [rows[b] for b in used], _monotone([seconds[b] for b in used], calls)",
-        "self._fit = [rows[b] for b in used], [seconds[b] for b in used]",
+        "self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))",
+        "self._fit = self.rows[use], self.seconds[use]",
         CALL_COST,
     ),
     Mutant(
@@ -380,8 +380,8 @@ MUTANTS = (
     Mutant(
         "speculation-cost-drops-outdated-buckets-beyond-the-current",
         "ovbuild/runtime/call_cost.py",
-        "use = [s and (c or b > top) for b, (s, c) in enumerate(zip(seen, current, strict=True))]",
-        "use = current",
+        "use = self.seen & (current | (BUCKETS[current].max() < BUCKETS))",
+        "use = self.seen & current",
         CALL_COST,
     ),
     Mutant(

@@ -55,7 +55,7 @@ class CallCost:
         self.calls = 0  # calls observed so far, and the count at each bucket's last one
         self.last = np.zeros(len(BUCKETS), np.int64)
         self._stale: set[int] = set()  # buckets with calls not yet in their median (taken when a plan asks)
-        self._fit: tuple[list[float], list[float]] | None = None  # (rows, seconds) of the monotone curve, when current
+        self._fit: tuple[np.ndarray, np.ndarray] | None = None  # (rows, seconds) of the monotone curve, when current
 
     @property
     def calibrated(self) -> bool:
@@ -97,39 +97,27 @@ class CallCost:
         table = self._computed
         return rows if table is None or rows >= len(table) else int(table[rows])
 
-    def _curve(self) -> tuple[list[float], list[float]]:
-        """(rows, seconds) of the monotone curve over the buckets in use, refitted after new calls. Plain Python: a
-        plan reads every curve right after a model call, where each small numpy call costs several microseconds."""
+    def __call__(self, rows: np.ndarray | int) -> np.ndarray:
+        """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
         if self._fit is None:
             for b in self._stale:
                 recent = self.recent[b]
                 middle = (len(recent) - 1) // 2  # the median call; of an even count the lower middle one
                 self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[middle]
             self._stale.clear()
-            seen = self.seen.tolist()
-            current = [
-                s and (not self.window or self.calls - last <= PHASE_CALLS)
-                for s, last in zip(seen, self.last.tolist(), strict=True)
-            ]
+            current = self.seen & (self.calls - self.last <= PHASE_CALLS) if self.window else self.seen
             # outdated buckets above the current ones stay: without them the curve would extend the current ones'
             # slope to row counts no recent call ran (16 requests at once, not drafting, then priced their
             # verification rows from 12 and 16 rows alone, and drafted at 0.86x)
-            use = seen
-            if sum(current) >= 2:
-                top = max(b for b, c in enumerate(current) if c)
-                use = [s and (c or b > top) for b, (s, c) in enumerate(zip(seen, current, strict=True))]
-            used = [b for b, u in enumerate(use) if u]
-            rows, seconds = self.rows.tolist(), self.seconds.tolist()
-            calls = [max(len(self.recent[b]), 1) for b in used]
-            self._fit = [rows[b] for b in used], _monotone([seconds[b] for b in used], calls)
-        return self._fit
-
-    def __call__(self, rows: np.ndarray | int) -> np.ndarray:
-        """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
-        x, y = self._curve()  # buckets in increasing rows
+            use = self.seen
+            if current.sum() >= 2:
+                use = self.seen & (current | (BUCKETS[current].max() < BUCKETS))
+            calls = np.array([len(r) for r in self.recent], np.float64)[use]
+            self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))
         if self._computed is not None:
             rows = np.asarray(rows, np.int64)
             rows = np.where(rows < len(self._computed), self._computed[np.minimum(rows, len(self._computed) - 1)], rows)
+        x, y = self._fit  # buckets in increasing rows
         if len(x) == 0:
             return np.zeros(np.shape(rows))
         if len(x) == 1:
@@ -138,28 +126,13 @@ class CallCost:
         rows = np.asarray(rows, np.float64)
         return np.where(rows > x[-1], y[-1] + slope * (rows - x[-1]), np.interp(rows, x, y))
 
-    def at(self, rows: int) -> float:
-        """Predicted seconds for one call of `rows` rows: __call__ for a single row count, in plain Python."""
-        x, y = self._curve()
-        rows = self._rows(rows)
-        if len(x) == 0:
-            return 0.0
-        if len(x) == 1:
-            return y[0] * max(rows, 1) / x[0]
-        if rows > x[-1]:
-            return y[-1] + max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0) * (rows - x[-1])
-        if rows <= x[0]:
-            return y[0]
-        i = bisect.bisect_left(x, rows)  # x[i - 1] < rows <= x[i]
-        return y[i - 1] + (y[i] - y[i - 1]) * (rows - x[i - 1]) / (x[i] - x[i - 1])
 
-
-def _monotone(y: list[float], weight: list[float]) -> list[float]:
+def _monotone(y: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """The closest non-decreasing sequence to y in weighted least squares (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [mean, weight, count] of each pooled run
-    for value, w in zip(y, weight, strict=True):
+    for value, w in zip(y.tolist(), weight.tolist(), strict=True):
         blocks.append([value, w, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
             blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return [m for m, _, n in blocks for _ in range(n)]
+    return np.array([m for m, _, n in blocks for _ in range(n)])

@@ -188,10 +188,10 @@ class Speculation:
 
     def host(self, requests: int) -> tuple[float, float]:
         """(host seconds of a step of `requests` requests without a draft call, what a draft call adds to them)."""
-        plain = self.host_cost.at(requests) if self.host_cost.seen.any() else self.host_s
+        plain = float(self.host_cost(requests)) if self.host_cost.seen.any() else self.host_s
         if not self.drafting_host_cost.seen.any():
             return plain, self.draft_host_s
-        return plain, max(self.drafting_host_cost.at(requests) - plain, 0.0)
+        return plain, max(float(self.drafting_host_cost(requests)) - plain, 0.0)
 
     def new_stats(self) -> AcceptanceStats:
         return AcceptanceStats.empty(self.max_candidates)
@@ -296,9 +296,8 @@ class Speculation:
         # context beyond that, a backlog from steps without a draft call, is charged at its share.
         steady = np.minimum(context_rows, np.array(tokens))
         own = np.array(blocks) + fixed_draft_rows + steady
-        with_backlog = own + np.array(caught) + (context_rows - steady)
-        blocks_s, ingest = np.split(self.draft_cost(np.concatenate([own, with_backlog])), 2)  # one curve call for both
-        ingest = ingest - blocks_s
+        blocks_s = self.draft_cost(own)
+        ingest = self.draft_cost(own + np.array(caught) + (context_rows - steady)) - blocks_s
         draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()
         if caught[-1]:
             catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
