@@ -260,7 +260,7 @@ def print_floor(modes: Modes, prompts: list[list[int]], block: int, measured: fl
                 raise SystemExit(f"pinned k = {k}: a request differs from ovbuild's target alone")
         tau = 1 + sum(r.num_accepted_tokens for r in runs) / max(sum(r.num_drafts for r in runs), 1)
         verify, draft = spec.target_cost.fastest(k + 1), spec.draft_cost.fastest(round(tau) + k + 1)
-        host = sum(spec.host(1))  # a step of one request with a draft call
+        host = spec.host_s + spec.draft_host_s  # a step with a draft call
         floor, pinned = tau * t1 / (verify + draft + host), seconds["alone"] / seconds["pinned"]
         best, best_pinned = max(best, (floor, k)), max(best_pinned, (pinned, k))
         print(

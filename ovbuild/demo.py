@@ -355,7 +355,7 @@ def forget_acceptance(pipeline: Pipeline) -> None:
     if warm is None:
         return
     fresh = Speculation(warm.max_candidates, warm.candidate_offset, warm.target_cost, warm.draft_cost)
-    fresh.host_cost, fresh.drafting_host_cost = warm.host_cost, warm.drafting_host_cost
+    fresh.host_s, fresh.draft_host_s, fresh._drafting_host = warm.host_s, warm.draft_host_s, warm._drafting_host
     fresh.calibration_tried, fresh.calibration_cache = warm.calibration_tried, warm.calibration_cache
     pipeline.speculation = fresh
 

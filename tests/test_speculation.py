@@ -278,28 +278,11 @@ def test_the_host_time_of_a_drafting_step_is_charged_to_drafting():
     for _ in range(50):
         spec.observe_host(1e-4, drafted=False)
         spec.observe_host(4e-4, drafted=True)
-    assert spec.host(1) == pytest.approx((1e-4, 3e-4))
+    assert spec.host_s == pytest.approx(1e-4) and spec.draft_host_s == pytest.approx(3e-4)
     free = [(stats([0.5] * 7), 7)]  # a request whose draft is right half the time
     assert spec.plan(free, 1, 0, 0, False)[0] > 0  # 0.3 ms more host per drafting step: drafting still pays
-    for _ in range(50):
-        spec.observe_host(2.1e-3, drafted=True)  # a drafting step's host time costs more than its extra token saves
+    spec.draft_host_s = 2e-3  # a drafting step's host time costs more than its expected extra token saves
     assert spec.plan(free, 1, 0, 0, False) == [0]
-
-
-def test_host_time_is_charged_by_the_requests_in_the_step():
-    """A drafting step's host work grows with its requests: what 12 requests at once cost the host is not charged to
-    a single request later (kept as one figure, 12 requests' 1.2 ms per drafting step stopped the demo pair from
-    drafting one request at a time for 400 steps)."""
-    spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(2e-4, 1e-5))
-    for _ in range(20):
-        spec.observe_host(1e-4, drafted=False, requests=1)
-        spec.observe_host(3e-4, drafted=True, requests=1)
-        spec.observe_host(3e-4, drafted=False, requests=12)
-        spec.observe_host(2.4e-3, drafted=True, requests=12)
-    assert spec.host(1) == pytest.approx((1e-4, 2e-4)) and spec.host(12) == pytest.approx((3e-4, 2.1e-3))
-    free = [(stats([0.5] * 7), 7)]
-    assert spec.plan(free, 1, 0, 0, False, requests=1)[0] > 0
-    assert spec.plan(free, 1, 0, 0, False, requests=12) == [0]  # the same request among 12 (the others pinned)
 
 
 def test_a_draft_call_that_promises_less_than_the_margin_is_not_made():

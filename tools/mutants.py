@@ -317,7 +317,7 @@ MUTANTS = (
     Mutant(
         "speculation-draft-call-free",
         "ovbuild/runtime/speculation.py",
-        "(draft[m] + draft_host if m or anyway else 0.0)",
+        "(draft[m] + self.draft_host_s if m or anyway else 0.0)",
         "0.0",
         PLANNER,
     ),
@@ -326,13 +326,6 @@ MUTANTS = (
         "ovbuild/runtime/speculation.py",
         "if stats.expected and not first:",
         "if stats.expected:",
-        PLANNER,
-    ),
-    Mutant(
-        "speculation-host-time-for-every-batch-size",
-        "ovbuild/runtime/speculation.py",
-        "host, draft_host = self.host(requests or len(free))",
-        "host, draft_host = self.host(12)",
         PLANNER,
     ),
     Mutant(

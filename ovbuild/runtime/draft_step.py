@@ -122,7 +122,6 @@ class DraftPlanner:
                 context,
                 flush,
                 [r.gap for r, _ in free],
-                len(live),
             )
             for (request, longest), k in zip(free, chosen, strict=True):
                 lengths[request.id] = k

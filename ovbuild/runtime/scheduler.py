@@ -185,7 +185,7 @@ class Scheduler:
             # first steps' plans saw ~200 ms of host per step, next to which any draft call looked free (a 16-request
             # first run drafted full blocks at 0.42x the target alone).
             host = wall - self._call_s - (self.metrics.calibration_s - calibration)
-            self.speculation.observe_host(host, self._drafted, len(plan.rows))
+            self.speculation.observe_host(host, self._drafted)
         return done
 
     # -- admission -------------------------------------------------------------------------------------------------

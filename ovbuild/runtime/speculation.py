@@ -10,8 +10,7 @@ accepted, from that request's observed acceptance per position, shrunk towards t
 error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
 tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
 measured as a function of the rows a call computes (a static copy's, padding included; ovbuild.runtime.call_cost:
-calibrated once, then updated from every call); host time is measured alike, as a function of the requests in a step,
-apart for steps with and without a draft call.
+calibrated once, then updated from every call); host time is measured apart for steps with and without a draft call.
 The draft works for the rows it runs: a request drafting k tokens costs k + 1 target rows and k + candidate_offset
 draft rows (the drafter runs a block of that length). A draft call also carries every request's pending context rows:
 as many as the step commits are charged in full (each call of a drafting streak carries the step before's), and a
@@ -133,16 +132,11 @@ class Speculation:
     candidate_offset: int = 1
     target_cost: CallCost = field(default_factory=CallCost)
     draft_cost: CallCost = field(default_factory=CallCost)
-    # Host seconds per step outside the calls, by the requests in the step (kept like call costs: per bucket, phases
-    # apart), of steps without a draft call and of steps with one: what a draft call adds (taking the taps, verifying
-    # proposals, recording acceptance) is the difference. Left out, a drafting step looked cheaper than it was, and the
-    # demo pair drafted one request at a time at 0.88x of never drafting while its plans expected a gain. Kept as one
-    # figure for all batch sizes, a drafting step's 1.2 ms of host work at 12 requests was charged to single requests
-    # afterwards (0.2 ms there), and the demo pair drafted in no step of the next 400.
-    host_cost: CallCost = field(default_factory=CallCost)
-    drafting_host_cost: CallCost = field(default_factory=CallCost)
-    host_s: float = 0.0  # host seconds of a step without a draft call, until host_cost has seen one (fixed plans)
-    draft_host_s: float = 0.0  # what a draft call adds to them, until drafting_host_cost has seen one
+    host_s: float = 0.0  # scheduler overhead per step outside the calls, steps without a draft call (EMA)
+    # What a step with a draft call adds to host_s: taking the taps, verifying proposals, recording acceptance. Left
+    # out, a drafting step looked cheaper than it was, and the demo pair drafted one request at a time at 0.88x of
+    # never drafting while its plans expected a gain.
+    draft_host_s: float = 0.0
     calibration_tried: bool = False  # calibration runs once, before the first plan (see DraftStep.step)
     # where a calibration's timings are kept and found (ovbuild.runtime.calibration.CalibrationCache); None: timed
     calibration_cache: object | None = None
@@ -150,8 +144,9 @@ class Speculation:
     # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
     # 64-token request made 6 plans where 2 would do.
     backoff: int = 0
-    learn_host: bool = True  # False: host_s, draft_host_s stay as set (fixed plans for tests, ovbuild.testing.planner)
+    learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
+    _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
     # survival's run-wide terms (optimistic, plain), until a record or aging moves them
     _run_estimate: tuple[list[float], list[float]] | None = field(init=False, default=None)
     # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
@@ -181,17 +176,16 @@ class Speculation:
             self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
             self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
 
-    def observe_host(self, seconds: float, drafted: bool = False, requests: int = 1) -> None:
-        """One step's seconds outside its calls; `drafted`: the step made a draft call; `requests` ran in it."""
-        if self.learn_host:
-            (self.drafting_host_cost if drafted else self.host_cost).observe(max(requests, 1), seconds)
-
-    def host(self, requests: int) -> tuple[float, float]:
-        """(host seconds of a step of `requests` requests without a draft call, what a draft call adds to them)."""
-        plain = float(self.host_cost(requests)) if self.host_cost.seen.any() else self.host_s
-        if not self.drafting_host_cost.seen.any():
-            return plain, self.draft_host_s
-        return plain, max(float(self.drafting_host_cost(requests)) - plain, 0.0)
+    def observe_host(self, seconds: float, drafted: bool = False) -> None:
+        """One step's seconds outside its calls; `drafted`: the step made a draft call."""
+        if not self.learn_host:
+            return
+        if drafted:
+            self._drafting_host = _ema(self._drafting_host, seconds)
+        else:
+            self.host_s = _ema(self.host_s, seconds)
+        if self._drafting_host:
+            self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
 
     def new_stats(self) -> AcceptanceStats:
         return AcceptanceStats.empty(self.max_candidates)
@@ -255,7 +249,6 @@ class Speculation:
         context_rows: int,
         force_draft: bool,
         gaps: list[int] | None = None,
-        requests: int | None = None,
     ) -> list[int]:
         """Draft length of each free request, maximising expected tokens per second of the next step.
 
@@ -269,8 +262,7 @@ class Speculation:
         serves every later step: like the catch-up call, its share of the draft call is charged at 1 /
         CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later draft call
         look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks alone)
-        until drafting never resumed. requests: how many run in the next step (the host time goes by them; None:
-        the free ones).
+        until drafting never resumed.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
@@ -303,9 +295,8 @@ class Speculation:
             catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
             draft = [d + c for d, c in zip(draft, catch, strict=True)]
         anyway = force_draft or fixed_draft_rows > 0
-        host, draft_host = self.host(requests or len(free))
         rates = [
-            tokens[m] / max(target[m] + host + (draft[m] + draft_host if m or anyway else 0.0), 1e-9)
+            tokens[m] / max(target[m] + self.host_s + (draft[m] + self.draft_host_s if m or anyway else 0.0), 1e-9)
             for m in range(len(tokens))
         ]
         best = rates.index(max(rates))  # the fewest proposals among equally good plans
@@ -323,6 +314,11 @@ class Speculation:
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
         return lengths
+
+
+def _ema(average: float, value: float) -> float:
+    """Exponential moving average over about 10 values; the first value starts it."""
+    return average + 0.1 * (value - average) if average else value
 
 
 def timed(call: Callable[[], object]) -> float:
