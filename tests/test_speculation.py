@@ -324,26 +324,6 @@ def test_plans_expect_as_many_tokens_as_verifications_have_accepted():
     assert missed.realism < 0.2 and missed.plan([(stats([0.9] * 7), 7)], 1, 0, 0, False) == [0]
 
 
-def test_a_requests_first_verification_leaves_the_realism_alone():
-    """A request's first verification was planned on the run-wide estimate alone, which that verification corrects
-    itself: it moves the run-wide estimate, not the realism (counted in both, one step of 12 first drafts that mostly
-    missed kept the demo pair from drafting for single requests afterwards). Later verifications move both."""
-    spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(2e-4, 1e-5), host_s=1e-4, learn_host=False)
-    requests = [spec.new_stats() for _ in range(12)]
-    firsts = spec.plan([(s, 7) for s in requests], 12, 0, 0, False)
-    assert all(firsts), firsts
-    before = spec.survival([spec.new_stats()], optimistic=False)[0][1]
-    for request, k in zip(requests, firsts, strict=True):
-        spec.record(request, k, 1)  # every first draft wrong at its second token
-    assert spec.realism == 1.0 and all(request.expected == 0.0 for request in requests)
-    assert spec.survival([spec.new_stats()], optimistic=False)[0][1] < before / 2  # the run-wide estimate fell
-    seconds = spec.plan([(s, 7) for s in requests], 12, 0, 0, True)  # a draft call happens anyway: some propose
-    for request, k in zip(requests, seconds, strict=True):
-        if k:
-            spec.record(request, k, 0)
-    assert any(seconds) and spec.realism < 1.0
-
-
 def test_a_drafting_steps_context_is_charged_in_full_and_a_backlog_at_its_share():
     """Each draft call carries the context rows committed since the last one: while drafting goes on, what every step
     commits, a cost of every step. At 16 requests on the demo pair, plans that charged it at 1 / CATCH_UP_STEPS priced

@@ -322,13 +322,6 @@ MUTANTS = (
         PLANNER,
     ),
     Mutant(
-        "speculation-realism-counts-first-verifications",
-        "ovbuild/runtime/speculation.py",
-        "if stats.expected and not first:",
-        "if stats.expected:",
-        PLANNER,
-    ),
-    Mutant(
         "speculation-cost-not-monotone",
         "ovbuild/runtime/call_cost.py",
         "self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))",

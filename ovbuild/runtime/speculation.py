@@ -85,10 +85,6 @@ REPLAN_AFTER_CHANGE = 4
 # 58% of the steps, one request at a time, where every pinned k lost to the target alone (floor 0.83x), and ran at
 # 0.71x. So the accepted tokens a plan expects are scaled by how many the plans' verifications have accepted per
 # token expected: a prior of REALISM_PRIOR tokens at 1.0, each verification's counts decaying by REALISM_DECAY.
-# A request's first verification is left out: it was planned on the run-wide estimate alone, which that verification
-# corrects itself, so there is no regression to the mean to measure. Counted in, one step of 12 first drafts (from
-# 10-token prompts alone, where the demo draft is mostly wrong) set the realism to 0.49 on top of the run-wide estimate
-# that had already fallen from 0.6 to 0.23, and single requests afterwards drafted in no step of the next 400.
 REALISM_PRIOR = 8.0
 REALISM_DECAY = 0.98
 
@@ -192,15 +188,14 @@ class Speculation:
 
     def record(self, stats: AcceptanceStats, proposed: int, accepted: int) -> None:
         """A verification's outcome, into the request's and the run's statistics."""
-        first = not stats.reached[0]  # the request's first verification (see REALISM_PRIOR)
         if proposed:
             stats.record(proposed, accepted, DECAY)
             self.run.record(proposed, accepted, 1.0)
             self._run_estimate = None
-        if stats.expected and not first:  # a plan's choice (a pinned k expects nothing)
+        if stats.expected:  # a plan's choice (a pinned k expects nothing)
             self.expected_tokens = REALISM_DECAY * self.expected_tokens + stats.expected
             self.accepted_tokens = REALISM_DECAY * self.accepted_tokens + accepted
-        stats.expected = 0.0
+            stats.expected = 0.0
 
     @property
     def realism(self) -> float:
