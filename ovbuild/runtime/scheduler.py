@@ -48,7 +48,7 @@ from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.runtime.prefix import prefilling_its_first_block, prefix_hits
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
-from ovbuild.runtime.rows import sequence_rows
+from ovbuild.runtime.rows import prompt_chunk, sequence_rows
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
 from ovbuild.runtime.validation import check_positive_int, check_prompt, token_ids
 
@@ -278,7 +278,8 @@ class Scheduler:
         """Target rows the request runs this step at most: its verification rows, or what is left of its prompt."""
         if request.status is Status.DECODE:
             return 1 + len(request.proposal)
-        return min(request.context_len - request.target_len, self.max_num_batched_tokens)
+        left, prompt_left = request.context_len - request.target_len, len(request.prompt) - request.target_len
+        return prompt_chunk(left, self.max_num_batched_tokens, prompt_left)
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         """Free every block of a running request and queue it first again: it is recomputed later, its committed
@@ -360,8 +361,10 @@ class Scheduler:
             request, tokens = part.request, part.tokens
             begin = len(ids)
             # each verification row a subsequence of its own, attending to the rows before it in the cache: the
-            # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel)
-            one_per_row = request.status is Status.DECODE and self.target.row_subsequences
+            # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel); so do the generated
+            # tokens a preempted request computes again (ovbuild.runtime.rows)
+            generated = request.status is Status.DECODE or request.target_len >= len(request.prompt)
+            one_per_row = generated and self.target.row_subsequences
             rows += sequence_rows(request.id, request.target_len, len(tokens), one_per_row)
             if state_rows is not None:
                 # states after every verification row (the last accepted one is kept), after a prompt chunk's last
@@ -444,7 +447,8 @@ class Scheduler:
         for request in self.running:
             if request.status is Status.PREFILL and (budget > 0 or not batch):
                 context = request.context_len
-                n = min(context - request.target_len, max(budget, 1))
+                prompt_left = len(request.prompt) - request.target_len
+                n = prompt_chunk(context - request.target_len, budget, prompt_left)  # never a lone prompt row
                 if request.config.prompt_logprobs is not None:
                     n = min(n, PROMPT_LOGPROB_ROWS)  # every row's logits are kept
                 chunk = request.committed(request.target_len, request.target_len + n)
