@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
@@ -19,7 +20,6 @@ from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.rows import MIN_PROMPT_CHUNK, prompt_chunk
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.targets import load_target
-from ovbuild.families import load_draft
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -93,7 +93,7 @@ def serve(target_model, draft_model, prompts, at_once: int, draft: bool, truths=
 
     target.run = checked_run
     out = []
-    for round_ in range(2):
+    for _ in range(2):  # the second time on the cached prefixes
         requests = []
         for i, prompt in enumerate(prompts):
             config = GenerationConfig(max_new_tokens=20, num_assistant_tokens=(None, 3, 7)[i % 3])

@@ -35,8 +35,9 @@ def chain_hashes(tokens: list[int] | np.ndarray, block_size: int, parents: list[
 def prefix_hits(request: Request, target: CacheManager, draft: CacheManager | None, stateful: bool) -> tuple[int, int]:
     """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
     (its row must run: its logits give the first token), nor all prompt tokens but the last (a lone prompt row runs
-    in another kernel than the chunk it ran in uncached: ovbuild.runtime.rows). The draft's hit is at most the target's; when it is shorter,
-    the taps in between are a gap the target computes again before the request drafts (ovbuild.runtime.catch_up).
+    in another kernel than the chunk it ran in uncached: ovbuild.runtime.rows). The draft's hit is at most the
+    target's; when it is shorter, the taps in between are a gap the target computes again before the request drafts
+    (ovbuild.runtime.catch_up).
     A target with states (`stateful`) cannot run a catch-up: both start at one length, the longest every cache (and a
     snapshot) holds. draft None: the target alone."""
     limit = request.context_len - 1
