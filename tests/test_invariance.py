@@ -65,7 +65,7 @@ def test_a_prefix_hit_leaves_two_prompt_rows(models):
         assert again.generated == first.generated
 
 
-def serve(target_model, draft_model, prompts, at_once: int, draft: bool, truths=None) -> list[list[int]]:
+def serve(target_model, draft_model, prompts, at_once: int, draft: bool, truths=None, tokens=20) -> list[list[int]]:
     """Every prompt served with the runtime's default precisions, `at_once` requests at a time, each prompt twice (the
     second time on its cached prefix), with a small batch budget so that chunks are cut by what else runs."""
     math = target_inference_precision("CPU", EXACT_TARGET.inference_precision, EXACT_TARGET.kv_cache_precision)
@@ -96,7 +96,7 @@ def serve(target_model, draft_model, prompts, at_once: int, draft: bool, truths=
     for _ in range(2):  # the second time on the cached prefixes
         requests = []
         for i, prompt in enumerate(prompts):
-            config = GenerationConfig(max_new_tokens=20, num_assistant_tokens=(None, 3, 7)[i % 3])
+            config = GenerationConfig(max_new_tokens=tokens, num_assistant_tokens=(None, 3, 7)[i % 3])
             requests.append(scheduler.add_request(prompt, config))
             prompt_len[requests[-1].id] = len(prompt)
             if drafter is not None:
@@ -181,8 +181,8 @@ def test_greedy_output_with_a_draft_is_the_target_alones_at_qwen3_4b_width(wide_
     target_model, draft_model = wide_pair
     rng = np.random.default_rng(17)
     prompts = [rng.integers(10, 4096, n).tolist() for n in (33, 65, 2, 40) * 4]
-    alone = serve(target_model, draft_model, prompts, 1, draft=False)
+    alone = serve(target_model, draft_model, prompts, 1, draft=False, tokens=6)
     for at_once in (1, 4):
-        out = serve(target_model, draft_model, prompts, at_once, True, alone[: len(prompts)])
+        out = serve(target_model, draft_model, prompts, at_once, True, alone[: len(prompts)], tokens=6)
         differ = [i for i, (a, b) in enumerate(zip(out, alone, strict=True)) if a != b]
         assert not differ, f"draft at {at_once}: outputs {differ} differ from the target alone's"
