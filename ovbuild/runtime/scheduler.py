@@ -448,9 +448,9 @@ class Scheduler:
             if request.status is Status.PREFILL and (budget > 0 or not batch):
                 context = request.context_len
                 prompt_left = len(request.prompt) - request.target_len
-                n = prompt_chunk(context - request.target_len, budget, prompt_left)  # never a lone prompt row
-                if request.config.prompt_logprobs is not None:
-                    n = min(n, PROMPT_LOGPROB_ROWS)  # every row's logits are kept
+                # a request keeping every row's logits (its prompt logprobs) takes PROMPT_LOGPROB_ROWS a chunk at most
+                rows = budget if request.config.prompt_logprobs is None else min(budget, PROMPT_LOGPROB_ROWS)
+                n = prompt_chunk(context - request.target_len, rows, prompt_left)  # never a lone prompt row
                 chunk = request.committed(request.target_len, request.target_len + n)
                 last = request.target_len + n == context
                 wanted = [n - 1] if last else []
