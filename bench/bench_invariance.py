@@ -16,20 +16,25 @@ padding row):
     first of 16  the probe as row 0 of 16 verification rows C..C+15
     beside n     the probe beside n other sequences' decode rows (n = 3, 15)
     4 x verify   4 sequences verifying 16 rows each (64 rows), the probe's 16 rows compared
+    beside long  the probe beside a sequence 4x as long (the call's max_context_len is another)
     beside chunk the probe beside a 256-row prompt chunk of another sequence
 
 at contexts --contexts (64 and 2000 tokens). Each cell says `=` (logits and last hidden state bitwise equal to the
 alone reference) or the max abs difference of the logits (and of the hidden state); with --bisect, a differing
 case runs again in a copy of the model with every layer's ops as extra outputs, and the first op whose probe row
 differs is named (the extra outputs may change the plugin's fusions: the line says whether the logits still
-differ). The draft: one request's block rows alone against the same request packed with 3 others, two steps.
+differ). Then a prompt of C tokens cut into chunks in several ways (2 calls cut at a block or mid-block, the last 2
+rows or the last row in a call of their own, as 1-row subsequences, beside decode rows or a longer sequence) against
+the prompt as one chunk alone. The draft: one request's block rows alone against the same request packed with 3
+others, two steps.
 
 --cost times what the row rules cost (each A/B interleaved in one process over --rounds rounds, ratio of medians)
 at context 2000: a lone prompt row against the 33-row chunk run instead, and a prompt as one chunk against the
 same prompt as 1-row subsequences (the rule not taken).
 
     python bench/bench_invariance.py [--layers 2] [--vocab 32768] [--formats fp16,bf16,int8,int4]
-        [--maths f32,bf16] [--contexts 64,2000] [--bisect] [--no-draft] [--cost] [--workdir DIR]
+        [--maths f32,bf16] [--contexts 64,2000] [--bisect] [--no-target] [--no-prompts] [--no-draft] [--cost]
+        [--rounds 5] [--property NAME=VALUE] [--workdir DIR]
 """
 
 from __future__ import annotations
