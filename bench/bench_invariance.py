@@ -449,7 +449,12 @@ def cost(args, target_dir: Path) -> None:
                 probe.free()
 
             def prompt(chunk: bool, model=model, t=t, c=c) -> None:
-                call(model, [Part(500, 0, t[:c], chunk=chunk)], 500)
+                if chunk:
+                    call(model, [Part(500, 0, t[:c], chunk=True)], 500)
+                for begin in range(
+                    0, 0 if chunk else c, 64
+                ):  # calls of 64 1-row subsequences (one call of them all crashed)
+                    call(model, [Part(500, begin, t[begin : min(begin + 64, c)])], 500)
                 model.free(500)
 
             cases = {

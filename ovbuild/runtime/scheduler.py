@@ -48,7 +48,7 @@ from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
 from ovbuild.runtime.prefix import prefilling_its_first_block, prefix_hits
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
-from ovbuild.runtime.rows import prompt_chunk, sequence_rows
+from ovbuild.runtime.rows import generated_rows_a_call, prompt_chunk, sequence_rows
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
 from ovbuild.runtime.validation import check_positive_int, check_prompt, token_ids
 
@@ -279,7 +279,13 @@ class Scheduler:
         if request.status is Status.DECODE:
             return 1 + len(request.proposal)
         left, prompt_left = request.context_len - request.target_len, len(request.prompt) - request.target_len
-        return prompt_chunk(left, self.max_num_batched_tokens, prompt_left)
+        return prompt_chunk(left, self.max_num_batched_tokens, prompt_left, self._generated_rows(request))
+
+    def _generated_rows(self, request: Request) -> int:
+        """Generated rows a preempted request computes again in one call: as 1-row subsequences, a few (rows.py)."""
+        if not self.target.row_subsequences:
+            return self.max_num_batched_tokens
+        return generated_rows_a_call(request.target_len, self.target.cache.block_size)
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         """Free every block of a running request and queue it first again: it is recomputed later, its committed
@@ -450,7 +456,8 @@ class Scheduler:
                 prompt_left = len(request.prompt) - request.target_len
                 # a request keeping every row's logits (its prompt logprobs) takes PROMPT_LOGPROB_ROWS a chunk at most
                 rows = budget if request.config.prompt_logprobs is None else min(budget, PROMPT_LOGPROB_ROWS)
-                n = prompt_chunk(context - request.target_len, rows, prompt_left)  # never a lone prompt row
+                generated = self._generated_rows(request)
+                n = prompt_chunk(context - request.target_len, rows, prompt_left, generated)  # never a lone prompt row
                 chunk = request.committed(request.target_len, request.target_len + n)
                 last = request.target_len + n == context
                 wanted = [n - 1] if last else []
