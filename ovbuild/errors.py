@@ -42,6 +42,11 @@ class RequestError(OvbuildError):
         self.param = param
 
 
+class GrammarError(RequestError):
+    """A structured-output constraint cannot be compiled: an invalid JSON schema or one using a feature the grammar
+    engine lacks, a bad regex, an unparsable grammar, or a compile that ran past its time bound."""
+
+
 class OverloadedError(OvbuildError):
     """The server already holds as many requests as it may queue; the client should retry later."""
 

@@ -1,0 +1,128 @@
+"""A request's constraint while it decodes: the matcher (in step with the generated tokens), its logit bias, and the
+reasoning gate (the constraint starts after a marker such as "</think>").
+
+Where a token is chosen (a decode row, each verification row, the first token after the prompt) the row is read
+through `rows`: biased, and masked to the tokens the grammar allows after the tokens before that row (verification
+row j after draft tokens d1..dj-1). Draft proposals are cut where the grammar refuses a token (`allowed_proposal`)
+before they are verified, so a draft never proposes a forbidden token; a sampled proposal verified by rejection is
+redrawn from its masked distribution instead (the rejection rule is exact for any proposal distribution q, so it
+must see the q the tokens were drawn from). After verification the matcher consumes the committed tokens
+(`advance`); rejected draft tokens were never consumed, so nothing rolls back across steps, and a preempted request
+keeps its matcher as it is: it resumes from the same generated tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ovbuild.runtime.drafters.base import Proposal
+from ovbuild.runtime.request import FinishReason
+from ovbuild.runtime.sampling import SamplingParams, position_uniforms, race
+from ovbuild.runtime.structured.rows import ConstrainedRows
+
+
+class OutputConstraint:
+    """One request's constraint state: matcher (None: logit bias only), bias pairs, vocabulary, reasoning gate."""
+
+    def __init__(self, matcher, bias: tuple[tuple[int, float], ...], vocab_size: int, gate: tuple[int, ...] = ()):
+        self.matcher, self.vocab_size, self.gate = matcher, vocab_size, tuple(gate)
+        self.bias_ids = np.array([t for t, _ in bias], np.int64)
+        self.bias_values = np.array([v for _, v in bias], np.float32)
+        self.recent: list[int] = []  # the last tokens before the gate opened (to find a marker split across steps)
+        self.open = not self.gate or matcher is None
+        self.mask_rows = 0  # masks computed (for the bench's cost per row)
+
+    # -- the gate ------------------------------------------------------------------------------------------------
+
+    def opens_at(self, tokens: list[int]) -> int | None:
+        """Index into `tokens` from which the constraint is in force: 0 when open already, i + 1 when the marker
+        ends at tokens[i], None when it does not open within them."""
+        if self.open:
+            return 0
+        seen, n = list(self.recent), len(self.gate)
+        for i, token in enumerate(tokens):
+            seen.append(token)
+            if tuple(seen[-n:]) == self.gate:
+                return i + 1
+        return None
+
+    # -- rows ----------------------------------------------------------------------------------------------------
+
+    def rows(self, logits, draft: list[int] = ()) -> ConstrainedRows:
+        """Rows [k + 1, V] (an array or penalized rows) read biased and masked; row j after draft[:j]. Close it
+        (`ConstrainedRows.close`) once read: it rolls the matcher back over the draft tokens it consumed."""
+        return ConstrainedRows(logits, self, list(draft))
+
+    def mask(self) -> np.ndarray | None:
+        """The tokens the matcher allows now, as a bool [V]; None when it allows none (a dead end)."""
+        self.mask_rows += 1
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
+        allowed = np.zeros(self.vocab_size, bool)
+        n = min(len(bits), self.vocab_size)
+        allowed[:n] = bits[:n].view(bool)
+        return allowed if allowed.any() else None
+
+    def bias(self, row: np.ndarray) -> None:
+        """Add the logit bias to a float32 row in place."""
+        if len(self.bias_ids):
+            row[self.bias_ids] += self.bias_values
+
+    # -- the draft -----------------------------------------------------------------------------------------------
+
+    def allowed_proposal(self, proposal: Proposal, sampling: SamplingParams | None, position: int) -> Proposal:
+        """The proposal cut before its first token the grammar refuses (or after the grammar ends); a sampled one
+        under rejection verification redrawn row by row from q masked. `position`: the first token's output
+        position (its random draws)."""
+        start = self.opens_at(list(proposal))
+        if self.matcher is None or start is None or not proposal:
+            return proposal
+        redraw = sampling is not None and proposal.q is not None and sampling.verification == "rejection"
+        tokens, q, consumed = list(proposal[:start]), [], 0
+        try:
+            for j in range(start, len(proposal)):
+                if self.matcher.is_stopped():
+                    break
+                token = proposal[j]
+                if redraw:
+                    allowed = self.mask()
+                    row = np.where(allowed, proposal.q[j], 0.0) if allowed is not None else None
+                    if row is None or row.sum() <= 0:
+                        break
+                    row = row / row.sum()
+                    token = race(row, position_uniforms(sampling.rng_seed, position + j, len(row)).token)
+                    q.append(row)
+                elif self.matcher.validate_tokens([token]) != 1:
+                    break
+                self.matcher.consume_token(token)
+                consumed += 1
+                tokens.append(token)
+        finally:
+            self.matcher.rollback(consumed)
+        if redraw:
+            head = proposal.q[:start]
+            return Proposal(tokens, np.concatenate([head, np.array(q)]) if q else head)
+        return proposal.head(len(tokens))
+
+    # -- after verification --------------------------------------------------------------------------------------
+
+    def advance(self, tokens: list[int]) -> tuple[list[int], FinishReason | None]:
+        """Consume committed tokens: returns those kept and, when the constraint ends the request, why: STOP when the
+        grammar is complete (its last token kept), else ERROR when a token was refused (a row that allowed none:
+        the request stops before it, with what it has)."""
+        start = self.opens_at(tokens)
+        if start is None or self.matcher is None:
+            self._remember(tokens)
+            return tokens, None
+        if not self.open:
+            self.open, self.recent = True, []
+        for i in range(start, len(tokens)):
+            if self.matcher.validate_tokens([tokens[i]]) != 1:
+                reason = FinishReason.STOP if self.matcher.is_accepting() else FinishReason.ERROR
+                return tokens[:i], reason
+            self.matcher.consume_token(tokens[i])
+            if self.matcher.is_stopped():
+                return tokens[: i + 1], FinishReason.STOP
+        return tokens, None
+
+    def _remember(self, tokens: list[int]) -> None:
+        self.recent = (self.recent + list(tokens))[-len(self.gate) :] if self.gate else []
