@@ -43,37 +43,44 @@ def split_reasoning(text: str, fmt: ReasoningFormat, opened: bool = False) -> tu
 
 
 class ReasoningStream:
-    """Splits streamed text into (reasoning delta, content delta); held back: a possible tag split across deltas."""
+    """Splits streamed text into (reasoning delta, content delta) as `split_reasoning` splits the whole; held back:
+    a possible tag split across deltas, and newlines that may turn out to end the reasoning."""
 
     def __init__(self, fmt: ReasoningFormat, opened: bool = False):
-        self.fmt, self.buffer = fmt, ""
+        self.fmt, self.text, self.pos = fmt, "", 0  # pos: where the text not yet sent (nor skipped) begins
         self.state = "inside" if opened else "start"  # start -> inside -> after, or start -> after
-        self.lead = False  # the newlines after the closing tag are dropped, as in a whole answer
+        self.skip_newlines = opened  # at the start of the reasoning and of the content after it
 
     def feed(self, text: str, last: bool = False) -> tuple[str, str]:
-        self.buffer += text
-        reasoning, content = "", ""
+        self.text += text
+        reasoning = ""
         if self.state == "start":
-            head = self.buffer.lstrip()
+            head = self.text.lstrip()
             if head.startswith(self.fmt.open):
-                self.buffer, self.state = head[len(self.fmt.open) :].lstrip("\n"), "inside"
+                self.state, self.skip_newlines = "inside", True
+                self.pos = len(self.text) - len(head) + len(self.fmt.open)
             elif self.fmt.open.startswith(head) and not last:
-                return "", ""  # still may be the opening tag
+                return "", ""  # may still be the opening tag
             else:
                 self.state = "after"
         if self.state == "inside":
-            end = self.buffer.find(self.fmt.close)
+            close = self.fmt.close
+            end = self.text.find(close, max(self.pos, len(self.text) - len(text) - len(close)))
             if end < 0:
-                keep = 0 if last else partial_suffix(self.buffer, self.fmt.close)
-                reasoning, self.buffer = self.buffer[: len(self.buffer) - keep], self.buffer[len(self.buffer) - keep :]
+                stop = len(self.text)
+                if not last:
+                    stop -= partial_suffix(self.text[-len(close) :], close)
+                    while stop > self.pos and self.text[stop - 1] == "\n":
+                        stop -= 1
+                reasoning = self._take(stop).rstrip("\n") if last else self._take(stop)
                 return reasoning, ""
-            reasoning = self.buffer[:end].rstrip("\n")
-            self.buffer, self.state = self.buffer[end + len(self.fmt.close) :], "after"
-            self.lead = True
-        if self.state == "after":
-            content, self.buffer = self.buffer, ""
-            if self.lead:
-                content = content.lstrip("\n")
-                self.lead = not content and not last
-        return reasoning, content
+            reasoning = self._take(end).rstrip("\n")
+            self.state, self.pos, self.skip_newlines = "after", end + len(close), True
+        return reasoning, self._take(len(self.text))
 
+    def _take(self, stop: int) -> str:
+        piece, self.pos = self.text[self.pos : stop], max(stop, self.pos)
+        if self.skip_newlines:
+            piece = piece.lstrip("\n")
+            self.skip_newlines = not piece
+        return piece
