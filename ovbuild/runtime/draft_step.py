@@ -22,6 +22,7 @@ from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import PagedModel
 from ovbuild.runtime.request import Request, Status
 from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.structured.state import allowed_proposal
 
 
 @dataclass
@@ -230,7 +231,7 @@ class DraftStep:
             self.speculation.draft_cost.observe(rows, seconds)
         cache = self.drafter.cache_manager
         for request, proposal, (start, end) in zip(owners, proposals, spans, strict=True):
-            request.proposal = proposal
+            request.proposal = allowed_proposal(request, proposal)
             hashes = request.block_hashes(cache.block_size, end) if self.prefix_caching else None
             cache.commit(request.id, start, end, hashes)
         return seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from ovbuild.runtime.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from ovbuild.runtime.speculation import Speculation
 from ovbuild.runtime.state_pool import state_specs
 from ovbuild.runtime.streaming import step_until_done
+from ovbuild.runtime.structured.grammar import Grammars
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
 
 
@@ -105,6 +107,7 @@ class Pipeline:
             check_pair(target, draft)
         self.max_model_len = context_length(target, o.max_model_len)
         self.tokenizer = load_tokenizer(target_dir)
+        self.target_dir = target_dir
         self.eos_token_ids = eos_token_ids(target_dir)
         t = o.target
         math = target_precision(o, stateful=bool(state_specs(model)))
@@ -149,7 +152,13 @@ class Pipeline:
             self.speculation if use_draft else None,
             enable_prefix_caching=self.options.enable_prefix_caching,
             max_num_seqs=self.options.max_num_seqs,
+            grammars=self.grammars,
         )
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """The target's grammar compiler for structured output (llguidance reads the tokenizer when first used)."""
+        return Grammars(self.target_dir / "tokenizer.json", self.eos_token_ids, self.target.vocab_size)
 
     def encode(self, text: str, what: str = "prompt") -> list[int]:
         """Token ids of `text`, which must be valid UTF-8 (`what` names it in the error)."""

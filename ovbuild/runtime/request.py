@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,7 +17,11 @@ from ovbuild.runtime.penalties import Penalties, check_penalties
 from ovbuild.runtime.prefix import chain_hashes
 from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.speculation import AcceptanceStats
+from ovbuild.runtime.structured.spec import Constraint, check_logit_bias
 from ovbuild.runtime.validation import check_positive_int, check_stop_strings
+
+if TYPE_CHECKING:
+    from ovbuild.runtime.structured.state import OutputConstraint
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class GenerationConfig:
     min_new_tokens: int = 0  # EOS is held back until this many tokens were generated
     logprobs: int | None = None  # each generated token's logprob and this many alternatives; None = off
     prompt_logprobs: int | None = None  # the same for each prompt token but the first; skips the prefix cache
+    constraint: Constraint | None = None  # structured output: the grammar the output follows (runtime/structured)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit), OpenAI's logit_bias
 
     def __post_init__(self):
         # checked here, before any request is queued: a negative value would break the worst-case reservation
@@ -50,6 +57,9 @@ class GenerationConfig:
         check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_new_tokens)
         check_logprobs(self.logprobs, "logprobs")
         check_logprobs(self.prompt_logprobs, "prompt_logprobs")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ConfigError(f"constraint must be a Constraint, got {type(self.constraint).__name__}")
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
         if self.min_new_tokens > self.max_new_tokens:
             raise ConfigError(
                 f"min_new_tokens = {self.min_new_tokens} is more than max_new_tokens = {self.max_new_tokens}"
@@ -124,6 +134,7 @@ class Request:
     detokenizer: Detokenizer | None = None  # its stop strings' detokenizer (the scheduler's, made when first needed)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, with config.logprobs
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first None)
+    constraint: OutputConstraint | None = None  # its grammar's state and logit bias (None: unconstrained)
 
     @property
     def context_len(self) -> int:

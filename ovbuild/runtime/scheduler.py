@@ -50,6 +50,8 @@ from ovbuild.runtime.prefix import prefilling_its_first_block, prefix_hits
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.rows import sequence_rows
 from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
+from ovbuild.runtime.structured.grammar import Grammars, start_constraint
+from ovbuild.runtime.structured.spec import check_logit_bias
 from ovbuild.runtime.validation import check_positive_int, check_prompt, token_ids
 
 DEFAULT_MAX_NUM_SEQS = 256
@@ -95,10 +97,12 @@ class Scheduler:
         *,
         enable_prefix_caching: bool = True,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        grammars: Grammars | None = None,
     ):
         """max_model_len: the longest prompt + max_new_tokens a request may ask for (None = no limit);
         speculation: the draft-length planner with its cost models (a pipeline keeps one across runs);
-        enable_prefix_caching: reuse the cached blocks of equal prefixes; max_num_seqs: requests running at once."""
+        enable_prefix_caching: reuse the cached blocks of equal prefixes; max_num_seqs: requests running at once;
+        grammars: the model's grammar compiler, for requests with a constraint or a logit bias (runtime/structured)."""
         check_positive_int(max_num_seqs, "max_num_seqs")
         self.target, self.drafter = target, drafter
         if drafter is not None and speculation is None:
@@ -110,6 +114,7 @@ class Scheduler:
         # a drafter that cannot start a sequence on cached context rows turns prefix caching off for the pair
         self.prefix_caching = enable_prefix_caching and (drafter is None or drafter.prefix_caching)
         self.detokenize, self.trace = detokenize, trace
+        self.grammars = grammars
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # in admission order: the last is preempted first
         self.finished: list[Request] = []
@@ -136,6 +141,9 @@ class Scheduler:
         config = config or GenerationConfig()
         request = Request(self._next_id, token_ids(prompt, f"request {self._next_id}"), config)
         self._check(request)
+        check_logit_bias(config.logit_bias, self.target.vocab_size)
+        # compiled grammars are cached: a server compiles a request's grammar off this loop before it gets here
+        request.constraint = start_constraint(self.grammars, config.constraint, config.logit_bias)
         self._next_id += 1
         self.waiting.append(request)
         return request

@@ -146,4 +146,4 @@ def start_constraint(grammars: Grammars | None, constraint: Constraint | None, b
         raise GrammarError("structured output needs the model's tokenizer (a pipeline's scheduler has it)", "model")
     matcher = grammars.matcher(constraint) if constraint is not None else None
     gate = grammars.encode(constraint.after) if constraint is not None and constraint.after else ()
-    return OutputConstraint(matcher, bias, grammars.vocab_size, gate)
+    return OutputConstraint(matcher, bias, grammars.vocab_size, gate, grammars.tokenizer.vocab_size)

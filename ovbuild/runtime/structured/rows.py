@@ -55,7 +55,7 @@ class ConstrainedRows:
             self.consumed = want
         while self.consumed < want:
             token = self.draft[self.start + self.consumed]
-            if matcher.validate_tokens([token]) != 1:
+            if not self.constraint.accepts(token):
                 return None  # a refused draft token: rows after it are never reached by a verification
             matcher.consume_token(token)
             self.consumed += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ovbuild.runtime.drafters.base import Proposal
-from ovbuild.runtime.request import FinishReason
+from ovbuild.runtime.request import FinishReason, Request
 from ovbuild.runtime.sampling import SamplingParams, position_uniforms, race
 from ovbuild.runtime.structured.rows import ConstrainedRows
 
@@ -24,8 +24,12 @@ from ovbuild.runtime.structured.rows import ConstrainedRows
 class OutputConstraint:
     """One request's constraint state: matcher (None: logit bias only), bias pairs, vocabulary, reasoning gate."""
 
-    def __init__(self, matcher, bias: tuple[tuple[int, float], ...], vocab_size: int, gate: tuple[int, ...] = ()):
-        self.matcher, self.vocab_size, self.gate = matcher, vocab_size, tuple(gate)
+    def __init__(
+        self, matcher, bias: tuple[tuple[int, float], ...], vocab_size: int, gate: tuple[int, ...] = (), known: int = 0
+    ):
+        """known: the ids the grammar's tokenizer has (a model's vocabulary may be wider: the rest are never
+        allowed, and never shown to the matcher, which would go into its error state for good)."""
+        self.matcher, self.vocab_size, self.gate, self.known = matcher, vocab_size, tuple(gate), known
         self.bias_ids = np.array([t for t, _ in bias], np.int64)
         self.bias_values = np.array([v for _, v in bias], np.float32)
         self.recent: list[int] = []  # the last tokens before the gate opened (to find a marker split across steps)
@@ -62,6 +66,10 @@ class OutputConstraint:
         allowed[:n] = bits[:n].view(bool)
         return allowed if allowed.any() else None
 
+    def accepts(self, token: int) -> bool:
+        """Whether the matcher can consume `token` now (without consuming it)."""
+        return 0 <= token < self.known and self.matcher.validate_tokens([token]) == 1
+
     def bias(self, row: np.ndarray) -> None:
         """Add the logit bias to a float32 row in place."""
         if len(self.bias_ids):
@@ -91,7 +99,7 @@ class OutputConstraint:
                     row = row / row.sum()
                     token = race(row, position_uniforms(sampling.rng_seed, position + j, len(row)).token)
                     q.append(row)
-                elif self.matcher.validate_tokens([token]) != 1:
+                elif not self.accepts(token):
                     break
                 self.matcher.consume_token(token)
                 consumed += 1
@@ -116,7 +124,7 @@ class OutputConstraint:
         if not self.open:
             self.open, self.recent = True, []
         for i in range(start, len(tokens)):
-            if self.matcher.validate_tokens([tokens[i]]) != 1:
+            if not self.accepts(tokens[i]):
                 reason = FinishReason.STOP if self.matcher.is_accepting() else FinishReason.ERROR
                 return tokens[:i], reason
             self.matcher.consume_token(tokens[i])
@@ -126,3 +134,10 @@ class OutputConstraint:
 
     def _remember(self, tokens: list[int]) -> None:
         self.recent = (self.recent + list(tokens))[-len(self.gate) :] if self.gate else []
+
+
+def allowed_proposal(request: Request, proposal: Proposal) -> Proposal:
+    """A request's draft proposal as its constraint allows it (the proposal itself when it has none)."""
+    if request.constraint is None:
+        return proposal
+    return request.constraint.allowed_proposal(proposal, request.config.sampling, len(request.generated))
