@@ -114,7 +114,7 @@ def test_advance_stops_when_the_grammar_ends_and_refuses_outside_it(grammars):
     done = start_constraint(grammars, Constraint.choice(["yes"]), ())
     assert done.advance(ids("yes") + ids("!")) == (ids("yes"), FinishReason.STOP)
     bad = start_constraint(grammars, Constraint("regex", "a+b"), ())
-    assert bad.advance(ids("ax")) == (ids("a"), FinishReason.ERROR), "a refused token ends an unfinished grammar"
+    assert bad.advance(ids("ax")) == (ids("a"), FinishReason.GRAMMAR), "a refused token ends an unfinished grammar"
 
 
 def test_reasoning_gate_frees_the_thinking(grammars):

@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from ovbuild.commands.options import add_runtime_arguments, runtime_options
+from ovbuild.serve.reasoning import FORMATS as REASONING_FORMATS
+from ovbuild.serve.tools import FORMATS as TOOL_FORMATS
 
 
 def register(subparsers) -> None:
@@ -32,6 +34,17 @@ def register(subparsers) -> None:
         type=int,
         default=256,
         help="completion budget of chat requests that set no max_tokens (completions default to 16, as OpenAI)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_FORMATS),
+        help="split the thinking (<think>...</think>) into reasoning_content; a constraint applies after it",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        choices=sorted(TOOL_FORMATS),
+        help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, Qwen2.5 / Qwen3)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument(
@@ -67,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         args.served_model_name,
         args.max_requests,
         args.default_max_tokens,
+        reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
     )
     try:
         import uvicorn

@@ -100,7 +100,8 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_new_tokens
     ABORT = "abort"  # its client went away, or a streamer stopped it
     SHUTDOWN = "shutdown"
-    ERROR = "error"
+    ERROR = "error"  # the step loop failed
+    GRAMMAR = "grammar"  # its constraint allows no token and is not complete (runtime/structured); output kept
 
     def __str__(self) -> str:
         return self.value

@@ -20,7 +20,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ovbuild.errors import OverloadedError, RequestError
 from ovbuild.runtime.prompts import PromptLimits, prompt_list
 from ovbuild.runtime.request import GenerationConfig
+from ovbuild.runtime.structured.grammar import Grammars
+from ovbuild.runtime.structured.spec import Constraint, check_logit_bias
 from ovbuild.serve.chat import ChatTemplate
+from ovbuild.serve.chat_output import ChatParsing
 from ovbuild.serve.choices import Choice
 from ovbuild.serve.engine import Engine, Event, Ticket
 from ovbuild.serve.protocol import (
@@ -34,6 +37,12 @@ from ovbuild.serve.protocol import (
     error_body,
     generation_config,
 )
+from ovbuild.serve.reasoning import FORMATS as REASONING_FORMATS
+from ovbuild.serve.reasoning import thinking_from_start
+from ovbuild.serve.structured import one_constraint, requested_constraints
+from ovbuild.serve.tools import DEFAULT_FORMAT as DEFAULT_TOOL_FORMAT
+from ovbuild.serve.tools import FORMATS as TOOL_FORMATS
+from ovbuild.serve.tools import Tools, check_tools, tool_constraint
 
 # How often a non-streaming request checks whether its client is still there.
 _DISCONNECT_POLL_S = 0.5
@@ -50,13 +59,20 @@ class ServedModel:
     chat_template: ChatTemplate | None = None
     default_max_tokens: int = 256  # chat requests without max_tokens (completions default to 16, as OpenAI's)
     decode: Callable[[list[int]], str] | None = None  # token ids -> text (echoed prompts, logprobs' tokens)
+    grammars: Grammars | None = None  # the model's grammar compiler (structured output, forced tool calls)
+    vocab_size: int | None = None  # the model's vocabulary (logit_bias ids are checked against it)
+    reasoning_parser: str | None = None  # a key of ovbuild.serve.reasoning.FORMATS, or None: no reasoning split
+    tool_call_parser: str = DEFAULT_TOOL_FORMAT  # a key of ovbuild.serve.tools.FORMATS
 
     def token_text(self, token: int) -> str:
         """One token's text, as the logprobs show it."""
         return self.decode([token]) if self.decode is not None else str(token)
 
     @classmethod
-    def from_folder(cls, name: str, target_dir: str | Path, pipeline, default_max_tokens: int = 256) -> ServedModel:
+    def from_folder(
+        cls, name: str, target_dir: str | Path, pipeline, default_max_tokens: int = 256, **parsers
+    ) -> ServedModel:
+        """parsers: reasoning_parser, tool_call_parser."""
         return cls(
             name,
             pipeline.encode,
@@ -65,6 +81,9 @@ class ServedModel:
             ChatTemplate.from_folder(target_dir),
             default_max_tokens,
             pipeline.decode,
+            pipeline.grammars,
+            pipeline.target.vocab_size,
+            **parsers,
         )
 
 
@@ -120,21 +139,55 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
         ids = [model.encode(p) if isinstance(p, str) else p for p in prompts]
         echo = [p if isinstance(p, str) else model.decode(p) for p in prompts] if body.echo else None
         fmt = CompletionFormat(model.name, model.token_text)
-        return await _serve(engine, model, body, ids, fmt, request, default_max_tokens=16, echo=echo)
+        structured = await structured_fields(model, body, one_constraint(requested_constraints(body)))
+        return await _serve(engine, model, body, ids, fmt, request, 16, echo, structured)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_model(body, model)
         if model.chat_template is None:
             raise RequestError(f"model '{model.name}' has no chat template: use /v1/completions", "messages")
-        text = model.chat_template.render(
-            chat_messages(body), body.add_generation_prompt, **(body.chat_template_kwargs or {})
-        )
+        tools = check_tools(body.tools, body.tool_choice)
+        kwargs = dict(body.chat_template_kwargs or {})
+        if tools is not None and tools.choice != "none":
+            kwargs["tools"] = tools.template_tools
+        text = model.chat_template.render(chat_messages(body), body.add_generation_prompt, **kwargs)
         ids = [model.encode(text)]
-        fmt = ChatFormat(model.name, model.token_text)
-        return await _serve(engine, model, body, ids, fmt, request, model.default_max_tokens)
+        parsing, constraint = chat_structure(model, body, tools, text)
+        structured = await structured_fields(model, body, constraint)
+        fmt = ChatFormat(model.name, model.token_text, parsing)
+        return await _serve(engine, model, body, ids, fmt, request, model.default_max_tokens, None, structured)
 
     return app
+
+
+def chat_structure(model: ServedModel, body: ChatCompletionRequest, tools: Tools | None, prompt: str):
+    """(how the answers are read, the request's one constraint): the reasoning parser (a constraint starts after the
+    thinking unless the prompt closed it already), tool calls read unless tool_choice is "none", and forced calls
+    (tool_choice "required" or a function) constrained to the functions' schemas."""
+    reasoning = REASONING_FORMATS[model.reasoning_parser] if model.reasoning_parser else None
+    after = reasoning.close if reasoning is not None and not prompt.rstrip().endswith(reasoning.close) else ""
+    calls = TOOL_FORMATS[model.tool_call_parser] if tools is not None and tools.parsed else None
+    found = requested_constraints(body)
+    if calls is not None:
+        forced = tool_constraint(tools, calls, after)
+        if forced is not None:
+            found.append(("tool_choice", forced))
+    parsing = None
+    if reasoning is not None or calls is not None:
+        parsing = ChatParsing(reasoning, reasoning is not None and thinking_from_start(reasoning, prompt), calls)
+    return parsing, one_constraint(found, after)
+
+
+async def structured_fields(model: ServedModel, body: SamplingFields, constraint: Constraint | None) -> dict:
+    """GenerationConfig's constraint and logit_bias, checked; the grammar compiled here, off the engine's loop and
+    bounded in time (ovbuild.runtime.structured.grammar), so the engine only copies it."""
+    bias = check_logit_bias(body.logit_bias, model.vocab_size)
+    if constraint is not None:
+        if model.grammars is None:
+            raise RequestError("this server has no grammar compiler: structured output is off", "response_format")
+        await asyncio.to_thread(model.grammars.compile_bounded, constraint)
+    return {"constraint": constraint, "logit_bias": bias}
 
 
 def _check_model(body: SamplingFields, model: ServedModel) -> None:
@@ -155,6 +208,7 @@ async def _serve(
     request: Request,
     default_max_tokens: int,
     echo: list[str] | None = None,
+    structured: dict | None = None,
 ) -> Response:
     """Submit every prompt (n samples of each, choice p * n + i the i-th of prompt p; submitted together, they are
     admitted together and share the prompt's cached blocks), wait until the scheduler accepted them all (or refused
@@ -163,7 +217,9 @@ async def _serve(
     for p, prompt in enumerate(ids):
         model.limits.check_ids(prompt)
         for i in range(body.n):
-            config = generation_config(body, len(prompt), model.base_config, model.limits, default_max_tokens, i)
+            config = generation_config(
+                body, len(prompt), model.base_config, model.limits, default_max_tokens, i, structured
+            )
             configs.append(config)
             prompts.append(prompt)
             logprobs = config.logprobs is not None

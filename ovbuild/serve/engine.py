@@ -247,4 +247,5 @@ _FINISH_REASONS = {
     FinishReason.LENGTH: "length",
     FinishReason.ABORT: "abort",
     FinishReason.SHUTDOWN: "abort",
+    FinishReason.GRAMMAR: "error",  # the constraint allows no token and is not complete: the answer is cut
 }

@@ -18,8 +18,10 @@ def build_app(
     name: str | None = None,
     max_requests: int = 256,
     default_max_tokens: int = 256,
+    **parsers,
 ):
-    """Compile the models and return the ASGI app serving them (the engine thread starts with the app)."""
+    """Compile the models and return the ASGI app serving them (the engine thread starts with the app); parsers:
+    reasoning_parser, tool_call_parser (ServedModel)."""
     try:
         from ovbuild.serve.app import ServedModel, create_app
         from ovbuild.serve.engine import Engine
@@ -28,7 +30,7 @@ def build_app(
     pipeline = Pipeline(target_dir, draft_dir, options)
     pipeline.compile_copies()  # steady latency from the first request on
     engine = Engine(pipeline.scheduler(), pipeline.decode, max_requests)
-    model = ServedModel.from_folder(name or str(target_dir), target_dir, pipeline, default_max_tokens)
+    model = ServedModel.from_folder(name or str(target_dir), target_dir, pipeline, default_max_tokens, **parsers)
     app = create_app(engine, model)
     app.state.runtime = pipeline.describe()  # how the device compiled the models, for the startup log
     return app

@@ -11,13 +11,30 @@ EOS_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|mask|>"
 EOS_ID, MASK_ID = 256, 257
 
 # A ChatML template in the shape of Qwen's (its markers are plain text to this byte-level tokenizer), so chat
-# requests run on the tiny target; it refuses unknown roles through raise_exception as real templates do.
+# requests run on the tiny target; it refuses unknown roles through raise_exception as real templates do. As Qwen3's,
+# it lists `tools` in a system turn, renders an assistant's tool_calls as <tool_call> blocks (arguments as a JSON
+# string or an object) and a tool message as a <tool_response> in a user turn.
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    '{{- \'\\n</tools>\\nCall one as <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message.role not in ['system', 'user', 'assistant'] %}"
+    "{%- if message.role not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{- raise_exception('unknown role: ' + message.role) }}"
     "{%- endif %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- if message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- set args = call.function.arguments %}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \' }}'
+    "{{- (args if args is string else args | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

@@ -115,7 +115,7 @@ class OutputConstraint:
 
     def advance(self, tokens: list[int]) -> tuple[list[int], FinishReason | None]:
         """Consume committed tokens: returns those kept and, when the constraint ends the request, why: STOP when the
-        grammar is complete (its last token kept), else ERROR when a token was refused (a row that allowed none:
+        grammar is complete (its last token kept), else GRAMMAR when a token was refused (a row that allowed none:
         the request stops before it, with what it has)."""
         start = self.opens_at(tokens)
         if start is None or self.matcher is None:
@@ -125,7 +125,7 @@ class OutputConstraint:
             self.open, self.recent = True, []
         for i in range(start, len(tokens)):
             if not self.accepts(tokens[i]):
-                reason = FinishReason.STOP if self.matcher.is_accepting() else FinishReason.ERROR
+                reason = FinishReason.STOP if self.matcher.is_accepting() else FinishReason.GRAMMAR
                 return tokens[:i], reason
             self.matcher.consume_token(tokens[i])
             if self.matcher.is_stopped():
