@@ -16,6 +16,7 @@ from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
 from ovbuild.runtime.prompts import PromptLimits, prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.streaming import stream_until_done
+from ovbuild.runtime.structured.spec import Constraint
 
 # streamer(text) for one prompt, streamer(index, text) for a list; returning True stops that request.
 Streamer = Callable[..., bool | None]
@@ -55,7 +56,8 @@ class LLM:
         """Text of each prompt's completion: one str for one prompt (a str or a list of token ids), else a list.
 
         `config` (one, or one per prompt) defaults to `self.config`; keywords override its fields
-        (max_new_tokens=..., stop_strings=..., num_assistant_tokens=..., ignore_eos=True drops the EOS ids)."""
+        (max_new_tokens=..., stop_strings=..., num_assistant_tokens=..., ignore_eos=True drops the EOS ids,
+        response_format=... as OpenAI's dict or a pydantic model class, constraint=Constraint(...), logit_bias=...)."""
         items, single = prompt_list(prompts)
         configs = config if isinstance(config, list) else [config] * len(items)
         if len(configs) != len(items):
@@ -85,6 +87,8 @@ class LLM:
             overrides["eos_token_ids"] = ()
         if "stop_strings" in overrides:
             overrides["stop_strings"] = tuple(overrides["stop_strings"])
+        if "response_format" in overrides:  # OpenAI's spelling of a constraint (runtime/structured/spec.py)
+            overrides["constraint"] = Constraint.from_response_format(overrides.pop("response_format"))
         try:
             return dataclasses.replace(config, **overrides)
         except TypeError as e:

@@ -57,6 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     add_sampling_arguments(p)
+    constrained = p.add_mutually_exclusive_group()
+    constrained.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under this JSON schema")
+    constrained.add_argument("--regex", help="the output matches this regular expression")
     p.add_argument("--json", dest="json_path", help="write prompts, tokens, text and metrics to this file")
     p.add_argument("--trace", action="store_true", help="record every speculative step in the --json output")
     p.set_defaults(run=run)
@@ -132,6 +135,24 @@ def prompt_token_ids(
     return out
 
 
+def output_constraint(args: argparse.Namespace):
+    """The --json-schema or --regex constraint (None without either); a schema file that is not JSON is named."""
+    from ovbuild.runtime.structured.spec import Constraint
+
+    if args.regex is not None:
+        return Constraint("regex", args.regex)
+    if args.json_schema is None:
+        return None
+    path = Path(args.json_schema)
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"--json-schema {path}: cannot be read ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--json-schema {path}: not JSON ({e})") from None
+    return Constraint.json_schema(schema)
+
+
 def run(args: argparse.Namespace) -> int:
     from ovbuild.runtime.pipeline import Pipeline
     from ovbuild.runtime.report import format_metrics, results_json
@@ -147,10 +168,18 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.json_path, "--json")
     prompts = read_prompts(args)
     GenerationConfig(args.max_new_tokens, **sampling_options(args))  # bad sampling values fail before any model loads
+    constraint = output_constraint(args)
     pipeline = Pipeline(args.target, args.draft, runtime_options(args))
+    if constraint is not None:
+        pipeline.grammars.compile(constraint)  # a bad schema or regex fails before any token
     eos = () if args.ignore_eos else pipeline.eos_token_ids
     config = GenerationConfig(
-        args.max_new_tokens, eos, tuple(args.stop), args.num_assistant_tokens, **sampling_options(args)
+        args.max_new_tokens,
+        eos,
+        tuple(args.stop),
+        args.num_assistant_tokens,
+        **sampling_options(args),
+        constraint=constraint,
     )
     scheduler = pipeline.scheduler(trace=args.trace)
     for ids in prompt_token_ids(pipeline, prompts, args.target, args.chat, args.max_new_tokens):

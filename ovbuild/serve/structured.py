@@ -17,7 +17,7 @@ def requested_constraints(body) -> list[tuple[str, Constraint]]:
     found = []
     response_format = getattr(body, "response_format", None)
     if response_format:
-        constraint = _response_format(response_format)
+        constraint = Constraint.from_response_format(response_format)
         if constraint is not None:
             found.append(("response_format", constraint))
     outputs = getattr(body, "structured_outputs", None) or {}
@@ -32,22 +32,6 @@ def requested_constraints(body) -> list[tuple[str, Constraint]]:
         if value is not None:
             found.append((f"guided_{key}", _vllm(key, value, f"guided_{key}")))
     return found
-
-
-def _response_format(fmt: dict) -> Constraint | None:
-    kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Constraint("json_object")
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
-            raise RequestError(
-                "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}", "response_format"
-            )
-        return Constraint.json_schema(spec["schema"])
-    raise RequestError(f"response_format type {kind!r} is not one of text, json_object, json_schema", "response_format")
 
 
 def _vllm(key: str, value, param: str) -> Constraint:

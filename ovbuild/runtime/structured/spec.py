@@ -58,6 +58,29 @@ class Constraint:
             raise GrammarError("a choice is a non-empty list of strings", "choice")
         return cls("choice", json.dumps(list(options)))
 
+    @classmethod
+    def from_response_format(cls, fmt) -> Constraint | None:
+        """OpenAI's response_format ({"type": "text" | "json_object" | "json_schema", "json_schema": {"name",
+        "schema", "strict"}}), or a pydantic model class (its JSON schema); None for text."""
+        if hasattr(fmt, "model_json_schema"):
+            return cls.json_schema(fmt.model_json_schema())
+        kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls("json_object")
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise GrammarError(
+                    "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
+                    "response_format",
+                )
+            return cls.json_schema(spec["schema"])
+        raise GrammarError(
+            f"response_format type {kind!r} is not one of text, json_object, json_schema", "response_format"
+        )
+
     @property
     def param(self) -> str:
         """How a request names this constraint, for errors."""
