@@ -13,6 +13,8 @@ keeps its matcher as it is: it resumes from the same generated tokens.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ovbuild.runtime.drafters.base import Proposal
@@ -34,7 +36,7 @@ class OutputConstraint:
         self.bias_values = np.array([v for _, v in bias], np.float32)
         self.recent: list[int] = []  # the last tokens before the gate opened (to find a marker split across steps)
         self.open = not self.gate or matcher is None
-        self.mask_rows = 0  # masks computed (for the bench's cost per row)
+        self.mask_rows, self.mask_s = 0, 0.0  # masks computed and their seconds (the bench's cost per row)
 
     # -- the gate ------------------------------------------------------------------------------------------------
 
@@ -59,11 +61,13 @@ class OutputConstraint:
 
     def mask(self) -> np.ndarray | None:
         """The tokens the matcher allows now, as a bool [V]; None when it allows none (a dead end)."""
-        self.mask_rows += 1
+        start = time.perf_counter()
         bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
         allowed = np.zeros(self.vocab_size, bool)
         n = min(len(bits), self.vocab_size)
         allowed[:n] = bits[:n].view(bool)
+        self.mask_rows += 1
+        self.mask_s += time.perf_counter() - start
         return allowed if allowed.any() else None
 
     def accepts(self, token: int) -> bool:
