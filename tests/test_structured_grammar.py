@@ -102,6 +102,14 @@ def test_proposals_cut_at_the_first_refused_token(grammars):
     assert allowed(state) == {ord("a")}, "cutting a proposal moved the matcher"
 
 
+def test_greedy_proposal_with_its_logits_takes_the_best_allowed_token(grammars):
+    state = start_constraint(grammars, Constraint("regex", "a[bc]d"), ())
+    logits = np.zeros((3, VOCAB), np.float32)
+    logits[1, [ord("x"), ord("c"), ord("b")]] = [5.0, 2.0, 1.0]  # the draft's own choice "x" is refused
+    assert state.allowed_proposal(Proposal(ids("axd"), logits=logits), None, 0) == ids("acd")
+    assert state.allowed_proposal(Proposal(ids("axd")), None, 0) == ids("a"), "without logits it is cut"
+
+
 def test_sampled_proposal_redrawn_from_masked_q_under_rejection(grammars):
     state = start_constraint(grammars, Constraint("regex", "[ab]x"), ())
     q = np.full((2, VOCAB), 1.0 / VOCAB)

@@ -27,11 +27,14 @@ class DraftItem:
 class Proposal(list):
     """Proposed tokens, and for sampled ones `q` [n, V]: the distribution each was drawn from, for verification;
     q None: point masses (greedy proposals). Cut with `head`, which keeps q aligned (slicing drops it, and a sampled
-    proposal verified as point masses stays lossless but accepts less)."""
+    proposal verified as point masses stays lossless but accepts less). `logits` [n, V]: the rows a greedy proposal
+    took its argmax from, when the drafter hands them over (a view of its output, valid until its next call), so that
+    a constraint can mask them (ovbuild.runtime.structured.state)."""
 
-    def __init__(self, tokens: list[int] = (), q: np.ndarray | None = None):
+    def __init__(self, tokens: list[int] = (), q: np.ndarray | None = None, logits: np.ndarray | None = None):
         super().__init__(tokens)
         self.q = q  # [n, V] or None
+        self.logits = logits  # [n, V] or None
 
     def head(self, n: int) -> Proposal:
         return Proposal(self[:n], None if self.q is None else self.q[:n])

@@ -112,9 +112,11 @@ class BlockDrafter(Drafter):
         for i, item in enumerate(items):
             rows = slice(candidate_begins[i], candidate_begins[i + 1])
             sampled = item.sampling is not None and item.num_tokens > 0
-            proposals.append(
-                sampled_proposal(item, logits[rows]) if sampled else Proposal(best[rows][: item.num_tokens].tolist())
-            )
+            if sampled:
+                proposals.append(sampled_proposal(item, logits[rows]))
+            else:  # the rows' logits ride along (a view, read before the next call) for a constraint to mask
+                tokens = best[rows][: item.num_tokens].tolist()
+                proposals.append(Proposal(tokens, logits=logits[rows][: item.num_tokens]))
         return proposals
 
     def _inputs(

@@ -3,10 +3,10 @@ reasoning gate (the constraint starts after a marker such as "</think>").
 
 Where a token is chosen (a decode row, each verification row, the first token after the prompt) the row is read
 through `rows`: biased, and masked to the tokens the grammar allows after the tokens before that row (verification
-row j after draft tokens d1..dj-1). Draft proposals are cut where the grammar refuses a token (`allowed_proposal`)
-before they are verified, so a draft never proposes a forbidden token; a sampled proposal verified by rejection is
-redrawn from its masked distribution instead (the rejection rule is exact for any proposal distribution q, so it
-must see the q the tokens were drawn from). After verification the matcher consumes the committed tokens
+row j after draft tokens d1..dj-1). Draft proposals are masked the same way before they are verified
+(`allowed_proposal`): a draft never proposes a forbidden token. A sampled proposal is redrawn from its masked
+distribution, which is then the q its verification reads (the rejection rule is exact for any proposal distribution,
+but it must see the one the tokens were drawn from). After verification the matcher consumes the committed tokens
 (`advance`); rejected draft tokens were never consumed, so nothing rolls back across steps, and a preempted request
 keeps its matcher as it is: it resumes from the same generated tokens.
 """
@@ -82,38 +82,50 @@ class OutputConstraint:
     # -- the draft -----------------------------------------------------------------------------------------------
 
     def allowed_proposal(self, proposal: Proposal, sampling: SamplingParams | None, position: int) -> Proposal:
-        """The proposal cut before its first token the grammar refuses (or after the grammar ends); a sampled one
-        under rejection verification redrawn row by row from q masked. `position`: the first token's output
-        position (its random draws)."""
+        """The proposal as the draft makes it under the grammar: each row's token chosen among the tokens the grammar
+        allows after the ones before it. A greedy proposal with its rows' logits takes the masked argmax where its
+        token is refused; a sampled one is redrawn from q masked (with the same keys: the masked draw, which q then
+        becomes for verification); without either it is cut before its first refused token. It also ends where the
+        grammar is complete. `position`: the first token's output position (its random draws)."""
         start = self.opens_at(list(proposal))
         if self.matcher is None or start is None or not proposal:
             return proposal
-        redraw = sampling is not None and proposal.q is not None and sampling.verification == "rejection"
+        sampled = sampling is not None and proposal.q is not None
+        logits = None if sampled else proposal.logits
         tokens, q, consumed = list(proposal[:start]), [], 0
         try:
             for j in range(start, len(proposal)):
                 if self.matcher.is_stopped():
                     break
                 token = proposal[j]
-                if redraw:
-                    allowed = self.mask()
-                    row = np.where(allowed, proposal.q[j], 0.0) if allowed is not None else None
-                    if row is None or row.sum() <= 0:
+                if sampled:
+                    token, row = self._masked_draw(proposal.q[j], sampling.rng_seed, position + j)
+                    if row is None:
                         break
-                    row = row / row.sum()
-                    token = race(row, position_uniforms(sampling.rng_seed, position + j, len(row)).token)
                     q.append(row)
                 elif not self.accepts(token):
-                    break
+                    allowed = self.mask() if logits is not None else None
+                    if allowed is None:
+                        break
+                    token = int(np.argmax(np.where(allowed, logits[j], -np.inf)))
                 self.matcher.consume_token(token)
                 consumed += 1
                 tokens.append(token)
         finally:
             self.matcher.rollback(consumed)
-        if redraw:
+        if sampled:
             head = proposal.q[:start]
             return Proposal(tokens, np.concatenate([head, np.array(q)]) if q else head)
-        return proposal.head(len(tokens))
+        return Proposal(tokens)
+
+    def _masked_draw(self, q: np.ndarray, rng_seed: int, position: int) -> tuple[int, np.ndarray | None]:
+        """A draw from q [V] restricted to the allowed tokens and renormalized (None when they have no mass)."""
+        allowed = self.mask()
+        row = np.where(allowed, q, 0.0) if allowed is not None else None
+        if row is None or row.sum() <= 0:
+            return -1, None
+        row = row / row.sum()
+        return race(row, position_uniforms(rng_seed, position, len(row)).token), row
 
     # -- after verification --------------------------------------------------------------------------------------
 
