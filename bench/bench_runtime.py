@@ -8,7 +8,8 @@ overhead); pass --target/--draft checkpoint folders (e.g. the shipped demo pair)
 
 With --structured it measures constrained decoding instead (docs/serve.md#structured-output): a JSON schema against
 no constraint at 1 and 16 requests, alone and with the draft, whose proposals are masked by the grammar (its best
-allowed token where it chose a refused one), cut before the first refused token, or left whole (for comparison); the
+allowed token where it chose a refused one), the same without the draft's logits (the first allowed token), or left
+whole (for comparison); the
 mask's cost per generated token and per masked row. On the tiny random pair the draft is steered (the target alone's
 tokens, each position right with chance 0.7: a good draft's acceptance); with --target/--draft (e.g. the demo pair's
 checkpoints, which have a tokenizer) it is the real draft.
@@ -128,11 +129,13 @@ SCHEMA = {
 }
 
 
-# how the draft's proposals meet the grammar: as the runtime does it, cut before the first refused token (the rows'
-# logits dropped), or verified whole (refused tokens are rejected by the target)
+# how the draft's proposals meet the grammar: as the runtime does it (a refused token replaced by the draft's best
+# allowed one), without the rows' logits (replaced by the first allowed token), or verified whole (refused tokens are
+# then rejected by the target)
+MASKED = draft_step.allowed_proposal
 DRAFTING = {
-    "masked": draft_step.allowed_proposal,
-    "cut": lambda request, proposal: draft_step.allowed_proposal(request, Proposal(proposal, proposal.q)),
+    "masked": MASKED,
+    "no logits": lambda request, proposal: MASKED(request, Proposal(proposal, proposal.q)),
     "whole": lambda request, proposal: proposal,
 }
 

@@ -95,11 +95,11 @@ def test_rows_masked_after_each_draft_token_and_rolled_back(grammars):
     assert free[0][ord("z")] == 5.0 and np.isfinite(free[0]).all(), "logit bias alone masks nothing"
 
 
-def test_proposals_cut_at_the_first_refused_token(grammars):
-    state = start_constraint(grammars, Constraint("regex", "abc[0-9]+"), ())
-    assert state.allowed_proposal(Proposal(ids("abx1")), None, 0) == ids("ab")
-    assert state.allowed_proposal(Proposal(ids("abc12")), None, 0) == ids("abc12")
-    assert allowed(state) == {ord("a")}, "cutting a proposal moved the matcher"
+def test_proposals_keep_allowed_tokens_and_end_with_the_grammar(grammars):
+    state = start_constraint(grammars, Constraint("regex", "abc[0-9]{2}"), ())
+    assert state.allowed_proposal(Proposal(ids("abx1")), None, 0) == ids("abc1")
+    assert state.allowed_proposal(Proposal(ids("abc1234")), None, 0) == ids("abc12"), "tokens past the end are dropped"
+    assert allowed(state) == {ord("a")}, "masking a proposal moved the matcher"
 
 
 def test_greedy_proposal_with_its_logits_takes_the_best_allowed_token(grammars):
@@ -107,7 +107,7 @@ def test_greedy_proposal_with_its_logits_takes_the_best_allowed_token(grammars):
     logits = np.zeros((3, VOCAB), np.float32)
     logits[1, [ord("x"), ord("c"), ord("b")]] = [5.0, 2.0, 1.0]  # the draft's own choice "x" is refused
     assert state.allowed_proposal(Proposal(ids("axd"), logits=logits), None, 0) == ids("acd")
-    assert state.allowed_proposal(Proposal(ids("axd")), None, 0) == ids("a"), "without logits it is cut"
+    assert state.allowed_proposal(Proposal(ids("axd")), None, 0) == ids("abd"), "without logits: the first allowed"
 
 
 def test_sampled_proposal_redrawn_from_masked_q_under_rejection(grammars):
@@ -149,3 +149,11 @@ def test_compiled_once_per_spec(grammars):
 def test_llguidance_brings_no_torch():
     code = "import llguidance, importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "torch is importable next to llguidance"
+
+
+def test_a_compile_past_its_time_bound_is_refused_and_lands_in_the_cache(grammars):
+    schema = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{2,9}"} for i in range(40)}}
+    constraint = Constraint.json_schema(schema)
+    with pytest.raises(GrammarError, match="compiling took more than"):
+        grammars.compile_bounded(constraint, timeout_s=1e-6)
+    assert grammars.compile_bounded(constraint, timeout_s=60) is grammars.compile(constraint)

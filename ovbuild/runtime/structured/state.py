@@ -83,10 +83,10 @@ class OutputConstraint:
 
     def allowed_proposal(self, proposal: Proposal, sampling: SamplingParams | None, position: int) -> Proposal:
         """The proposal as the draft makes it under the grammar: each row's token chosen among the tokens the grammar
-        allows after the ones before it. A greedy proposal with its rows' logits takes the masked argmax where its
-        token is refused; a sampled one is redrawn from q masked (with the same keys: the masked draw, which q then
-        becomes for verification); without either it is cut before its first refused token. It also ends where the
-        grammar is complete. `position`: the first token's output position (its random draws)."""
+        allows after the ones before it. A greedy proposal takes its rows' masked argmax where its token is refused
+        (the first allowed token when the drafter gave no logits); a sampled one is redrawn from q masked (with the
+        same keys: the masked draw, which q then becomes for verification). It ends where the grammar is complete.
+        `position`: the first token's output position (its random draws)."""
         start = self.opens_at(list(proposal))
         if self.matcher is None or start is None or not proposal:
             return proposal
@@ -104,10 +104,14 @@ class OutputConstraint:
                         break
                     q.append(row)
                 elif not self.accepts(token):
-                    allowed = self.mask() if logits is not None else None
+                    allowed = self.mask()
                     if allowed is None:
                         break
-                    token = int(np.argmax(np.where(allowed, logits[j], -np.inf)))
+                    # the draft's best allowed token; without its scores the first allowed one, which keeps the
+                    # proposal's length (the planner reads acceptance by position; a cut proposal would look like
+                    # one that was never made)
+                    best = np.where(allowed, logits[j], -np.inf) if logits is not None else allowed
+                    token = int(np.argmax(best))
                 self.matcher.consume_token(token)
                 consumed += 1
                 tokens.append(token)
