@@ -2,9 +2,9 @@
 
 This is the build side of a family: checkpoint layouts and config (`weights/families/`), graph builders per IR
 format (`graph/`) and tiny checkpoints (`testing/`). Its runtime side is its drafter plug-in, registered by family
-name in `ovbuild.runtime.drafters` (the runtime never imports this module), and its numpy reference is registered
-with it from the testing side (`ovbuild.testing.references`). `tests/test_families.py` checks that every family
-provides every part; adding one: docs/adding_a_model.md.
+name in `ovbuild.runtime.speculation.drafters` (the runtime never imports this module), and its numpy reference is
+registered with it from the testing side (`ovbuild.testing.references`). `tests/test_families.py` checks that every
+family provides every part; adding one: docs/adding_a_model.md.
 """
 
 from __future__ import annotations

@@ -16,9 +16,16 @@ from ovbuild.export.ir_formats import IR_FORMATS
 from ovbuild.families import DSPARK, FAMILIES, Family, build_draft_models, detect_layout, load_draft
 from ovbuild.ir import save_ir
 from ovbuild.ir.rt_info import get_rt_info
-from ovbuild.runtime.drafters import DRAFTER_OPTIONS, DRAFTERS, Drafter, DrafterOption, DraftItem, DSparkDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions, load_drafter
+from ovbuild.runtime.speculation.drafters import (
+    DRAFTER_OPTIONS,
+    DRAFTERS,
+    Drafter,
+    DrafterOption,
+    DraftItem,
+    DSparkDrafter,
+)
 from ovbuild.testing import F32_NMSE
 from ovbuild.testing.references import REFERENCES
 from ovbuild.weights.checkpoint import Checkpoint

@@ -144,7 +144,7 @@ def test_the_checks_catch_planted_violations(tmp_path):
         "graph/__init__.py": "",
         "graph/target.py": "",
         "runtime/__init__.py": "",
-        "runtime/paged_model.py": "def f():\n    from ovbuild.graph.target import build\n",
+        "runtime/model/paged_model.py": "def f():\n    from ovbuild.graph.target import build\n",
         "runtime/typed.py": "import typing\nif typing.TYPE_CHECKING:\n    from ovbuild.graph import target\n",
         "weights/__init__.py": "",
         "weights/target.py": "from ovbuild.weights import hybrid\n",
@@ -154,5 +154,5 @@ def test_the_checks_catch_planted_violations(tmp_path):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     graph = module_graph(root)
-    assert rule_violations(graph) == ["ovbuild.runtime.paged_model -> ovbuild.graph.target"]
+    assert rule_violations(graph) == ["ovbuild.runtime.model.paged_model -> ovbuild.graph.target"]
     assert cycles(graph) == [["ovbuild.weights.hybrid", "ovbuild.weights.target"]]

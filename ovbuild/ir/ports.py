@@ -68,7 +68,7 @@ TAPS_IN = Port("hidden_states", f32, 2, Role.ROW)  # a draft's input: the target
 LOGITS_INDICES = Port("logits_indices", i64, 1, Role.INDEX)  # a target's rows whose logits are returned
 CANDIDATE_INDICES = Port("candidate_indices", i64, 1, Role.INDEX)  # a draft's rows whose candidates are returned
 STATE_ROWS = Port("state_rows", i64, 1, Role.STATE_INDEX)  # a hybrid target's rows whose states are returned
-# The paged layout (ovbuild.runtime.kv_cache fills it) and the caches.
+# The paged layout (ovbuild.runtime.cache.kv_cache fills it) and the caches.
 PAST_LENS = Port("past_lens", i32, 1, Role.LAYOUT)
 SUBSEQUENCE_BEGINS = Port("subsequence_begins", i32, 1, Role.LAYOUT)
 BLOCK_INDICES = Port("block_indices", i32, 1, Role.LAYOUT)

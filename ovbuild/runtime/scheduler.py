@@ -5,21 +5,21 @@ Each step is planned, run, then applied (the shape of vLLM's v1 scheduler):
      when the pool runs out the most recently admitted running request is preempted: its blocks are freed and it
      goes back to the front of the queue, to be recomputed later with its committed tokens joined to its prompt),
      then waiting requests are admitted, each starting on the longest prefix every cache holds (prefix caching,
-     ovbuild.runtime.prefix; one whose first block a running request is still prefilling waits for its blocks, so n
-     samples of a prompt compute it once; one asking for prompt logprobs runs all its rows, in bounded chunks), and
+     ovbuild.runtime.cache.prefix; one whose first block a running request is still prefilling waits for its blocks, so
+     n samples of a prompt compute it once; one asking for prompt logprobs runs all its rows, in bounded chunks), and
      the target call is packed: the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a
      1-row subsequence, so that it rounds as a decode step does; the plan's draft_lengths hold each k) and prompt
      chunks of prefilling ones (bounded by max_num_batched_tokens);
   2. `execute(plan)` runs the target call;
   3. `update(plan, outputs)` verifies (ovbuild.runtime.commit: greedy, the longest prefix where d_i equals the
-     target's argmax, then the target's token; a sampling request through ovbuild.runtime.verify, on the rows'
+     target's argmax, then the target's token; a sampling request through ovbuild.runtime.decode.verify, on the rows'
      logits; a request with penalties reads its rows penalized, and its greedy tokens are their host argmax; one
      asking for logprobs keeps those of its committed rows) and appends the committed tokens; the cache manager
      commits the accepted rows (registering full blocks for prefix caching, keeping a hybrid target's
      linear-attention state after the last accepted row) and the rejected rows are never committed: the next call's
      past_lens overwrites them; finished requests free their blocks;
   4. the draft side (ovbuild.runtime.draft_step) plans: a DraftPlan with the draft length of every decoding request
-     (pinned by num_assistant_tokens, else by ovbuild.runtime.speculation from measured call costs and each
+     (pinned by num_assistant_tokens, else by ovbuild.runtime.speculation.planner from measured call costs and each
      request's acceptance; 0 = no draft for it), chosen by a DraftPlanner that keeps its own backoff counters;
   5. `DraftStep.execute` runs that plan (it never plans): one draft call, when any request drafts, packs per request
      the target taps it has not seen and a block of the chosen length; with no request drafting there is no draft
@@ -39,17 +39,17 @@ import numpy as np
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSITION_IDS
-from ovbuild.runtime.cache_manager import CacheManager
+from ovbuild.runtime.cache.cache_manager import CacheManager
+from ovbuild.runtime.cache.prefix import prefilling_its_first_block, prefix_hits
+from ovbuild.runtime.cache.rows import sequence_rows
 from ovbuild.runtime.commit import append_tokens, first_token, record_prompt_logprobs, verified_tokens
+from ovbuild.runtime.decode.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.draft_step import DraftStep
-from ovbuild.runtime.drafters.base import Drafter, Proposal
-from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.metrics import RunMetrics
-from ovbuild.runtime.paged_model import TAPS, PagedModel
-from ovbuild.runtime.prefix import prefilling_its_first_block, prefix_hits
+from ovbuild.runtime.model.paged_model import TAPS, PagedModel
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
-from ovbuild.runtime.rows import sequence_rows
-from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
+from ovbuild.runtime.speculation.drafters.base import Drafter, Proposal
+from ovbuild.runtime.speculation.planner import MAX_PLAN_BACKOFF, Speculation
 from ovbuild.runtime.validation import check_positive_int, check_prompt, token_ids
 
 DEFAULT_MAX_NUM_SEQS = 256
@@ -317,14 +317,14 @@ class Scheduler:
             plan.hits[request.id] = hit
 
     def _prefills_its_prefix(self, request: Request) -> bool:
-        """Whether a running request is still prefilling this one's first block (ovbuild.runtime.prefix)."""
+        """Whether a running request is still prefilling this one's first block (ovbuild.runtime.cache.prefix)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return False
         prefilling = (r for r in self.running if r.status is Status.PREFILL)
         return prefilling_its_first_block(request, prefilling, self.target.cache_manager.block_size)
 
     def _prefix_hits(self, request: Request) -> tuple[int, int]:
-        """(target, draft) tokens of the request's context found cached (ovbuild.runtime.prefix.prefix_hits)."""
+        """(target, draft) tokens of the request's context found cached (ovbuild.runtime.cache.prefix.prefix_hits)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return 0, 0  # prompt logprobs come from the prompt's rows: they all run
         draft = self.drafter.cache_manager if self.drafter is not None else None

@@ -27,14 +27,14 @@ import openvino as ov
 from ovbuild.errors import UnsupportedError
 from ovbuild.ir import core
 from ovbuild.ir.ports import CACHES, INDEX_INPUTS, LAYOUT_INPUTS, ROW_INPUTS, ROW_OUTPUTS
-from ovbuild.runtime.binding import InputBinder
-from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.binding import InputBinder
 
 COPY_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # about 1.5x apart: a call pads at most a third of its rows
 # Each copy holds its own weights (the plugin repacks them per compiled model): a copy takes about twice its IR's
-# weight bytes of memory where they stay narrow (ovbuild.runtime.narrow_weights), four times widened to f32. Copies
-# still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths, docs/speed.md), but models with more
-# weights than this run dynamic only: 11 copies of them would cost more than a gigabyte.
+# weight bytes of memory where they stay narrow (ovbuild.runtime.model.narrow_weights), four times widened to f32.
+# Copies still ran faster at 160 MB of weights, less so (bench_static_rows.py --widths, docs/speed.md), but models with
+# more weights than this run dynamic only: 11 copies of them would cost more than a gigabyte.
 MAX_WEIGHT_BYTES = 32 << 20
 
 

@@ -12,15 +12,15 @@ import openvino as ov
 from ovbuild.errors import UnsupportedError
 from ovbuild.ir import core, gpu_activations_scale_factor
 from ovbuild.ir.ports import CACHES, LOGITS, ROW_OUTPUTS, STATE_ROWS, TAPS
-from ovbuild.runtime.binding import InputBinder
-from ovbuild.runtime.cache_manager import BlocksAndSlots, CacheManager
-from ovbuild.runtime.executors import MIN_ROWS, choose_executor
-from ovbuild.runtime.kv_cache import PagedKVCache, SequenceRows
-from ovbuild.runtime.machine import cpu_math, device_kind
-from ovbuild.runtime.narrow_weights import narrow_weights
-from ovbuild.runtime.padding import PAD_SEQUENCE, pad_inputs, padding_rows
-from ovbuild.runtime.state_pool import StatePool, state_specs
-from ovbuild.runtime.static_rows import (
+from ovbuild.runtime.cache.cache_manager import BlocksAndSlots, CacheManager
+from ovbuild.runtime.cache.kv_cache import PagedKVCache, SequenceRows
+from ovbuild.runtime.cache.state_pool import StatePool, state_specs
+from ovbuild.runtime.model.binding import InputBinder
+from ovbuild.runtime.model.executors import MIN_ROWS, choose_executor
+from ovbuild.runtime.model.machine import cpu_math, device_kind
+from ovbuild.runtime.model.narrow_weights import narrow_weights
+from ovbuild.runtime.model.padding import PAD_SEQUENCE, pad_inputs, padding_rows
+from ovbuild.runtime.model.static_rows import (
     COPY_ROWS,
     MAX_WEIGHT_BYTES,
     StaticCopies,
@@ -89,9 +89,9 @@ class PagedModel:
         `properties` (plugin properties) override ovbuild's own. A model with linear-attention states
         (`conv_state.*`, `recurrent_state.*` inputs) gets a StatePool of `state_slots` sequences (None: from the
         budget, see DEFAULT_STATE_SLOTS). padding: (min_pad, share) of the RowPadding that runs a call of fewer rows
-        than the recent ones padded up to their row count (ovbuild.runtime.padding); None = every call as it is.
-        static_rows: whether calls run in copies compiled per row count (ovbuild.runtime.static_rows); None = where
-        they are measured to pay, on CPU for a model without states and with at most MAX_WEIGHT_BYTES of weights.
+        than the recent ones padded up to their row count (ovbuild.runtime.model.padding); None = every call as it is.
+        static_rows: whether calls run in copies compiled per row count (ovbuild.runtime.model.static_rows); None =
+        where they are measured to pay, on CPU for a model without states and with at most MAX_WEIGHT_BYTES of weights.
         cache_from: a model of the same cache layout whose KV cache (tensors and blocks) this one shares."""
         self._options = (device, kv_cache_precision, inference_precision, properties)  # for the untapped sibling
         config = {**compile_config(kv_cache_precision, inference_precision, device, model), **(properties or {})}
@@ -231,7 +231,7 @@ class PagedModel:
         With states: state_rows[s] are the rows of sequence s whose states may be kept after the call
         (`states.keep`; None: each sequence's last row); a caller that passes the state inputs itself (with
         `state_rows` among `inputs`) keeps the states itself, and the pool is left alone. With static copies the
-        call may run as several parts (ovbuild.runtime.static_rows.parts), whose outputs come back merged: the
+        call may run as several parts (ovbuild.runtime.model.static_rows.parts), whose outputs come back merged: the
         executor chosen at construction (choose_executor) decides.
         taps=False: the caller does not read the taps, which the call may then leave out (see can_skip_taps)."""
         if not taps and self.can_skip_taps:
@@ -248,7 +248,7 @@ class PagedModel:
         pad: int,
     ) -> dict[str, np.ndarray]:
         """One infer of `request` (this model's, or one of its static copies') with `pad` padding rows (their blocks
-        reserved by the caller): the executors (ovbuild.runtime.executors) run every call through it."""
+        reserved by the caller): the executors (ovbuild.runtime.model.executors) run every call through it."""
         real = sum(r.num_rows for r in rows)
         if pad:
             rows, inputs = [*rows, padding_rows(pad)], pad_inputs(inputs, pad)
@@ -281,7 +281,7 @@ def compile_paged(model: ov.Model, device: str, config: dict, kv_cache_precision
     except RuntimeError as e:
         if "kvcache type" not in str(e):
             raise
-        # a device whose precisions ovbuild.runtime.devices does not predict: still one line, with the reason
+        # a device whose precisions ovbuild.runtime.model.devices does not predict: still one line, with the reason
         reason = str(e).strip().splitlines()[-1].strip()
         raise UnsupportedError(
             f"KV cache precision '{kv_cache_precision}' does not compile on {device} ({reason})"
@@ -319,7 +319,7 @@ def taps_in_math_precision(model: ov.Model, device: str, inference_precision: st
 
 
 # A model's untapped form, kept while the model object lives: the PagedModels compiled from one model share it, and
-# with it their static copies (ovbuild.runtime.static_rows keys them by model).
+# with it their static copies (ovbuild.runtime.model.static_rows keys them by model).
 _UNTAPPED: weakref.WeakKeyDictionary[ov.Model, ov.Model] = weakref.WeakKeyDictionary()
 
 

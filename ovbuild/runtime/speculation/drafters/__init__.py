@@ -4,10 +4,10 @@ declared in ovbuild.families, which the runtime never imports."""
 
 from __future__ import annotations
 
-from ovbuild.runtime.drafters.base import Drafter, DrafterOption, DraftItem, Proposal
-from ovbuild.runtime.drafters.block import BlockDrafter
-from ovbuild.runtime.drafters.dspark import DSparkDrafter
-from ovbuild.runtime.drafters.lattice import LatticeDrafter
+from ovbuild.runtime.speculation.drafters.base import Drafter, DrafterOption, DraftItem, Proposal
+from ovbuild.runtime.speculation.drafters.block import BlockDrafter
+from ovbuild.runtime.speculation.drafters.dspark import DSparkDrafter
+from ovbuild.runtime.speculation.drafters.lattice import LatticeDrafter
 
 DRAFTERS: dict[str, type[Drafter]] = {"dflash": BlockDrafter, "dflash2": LatticeDrafter, "dspark": DSparkDrafter}
 # Every drafter option once: families whose drafters share an option name declare it alike (tested).

@@ -21,8 +21,8 @@ from ovbuild.ir.ports import (
     LOGITS,
     PREV_TOKEN_IDS,
 )
-from ovbuild.runtime.drafters.base import DraftItem
-from ovbuild.runtime.drafters.block import BlockDrafter
+from ovbuild.runtime.speculation.drafters.base import DraftItem
+from ovbuild.runtime.speculation.drafters.block import BlockDrafter
 
 
 class MarkovDrafter(BlockDrafter):

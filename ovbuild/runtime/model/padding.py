@@ -17,7 +17,7 @@ import bisect
 import numpy as np
 
 from ovbuild.ir.ports import COUNT, ROW_INPUTS
-from ovbuild.runtime.kv_cache import SequenceRows
+from ovbuild.runtime.cache.kv_cache import SequenceRows
 
 PAD_SEQUENCE = -2  # the sequence id padding rows run under (calibration's scratch sequence is -1)
 # Row counts calls are padded to: about 1.25x apart, so that nearby row counts share one shape.
@@ -66,7 +66,7 @@ def pad_inputs(inputs: dict[str, np.ndarray], pad: int) -> dict[str, np.ndarray]
             continue
         value = inputs[port]
         if type(value) is list:
-            # lists stay lists: the binder writes them straight into its buffers (ovbuild.runtime.binding)
+            # lists stay lists: the binder writes them straight into its buffers (ovbuild.runtime.model.binding)
             padded[port] = value + (list(range(pad)) if port.fill == COUNT else [port.fill] * pad)
             continue
         value = np.asarray(value)

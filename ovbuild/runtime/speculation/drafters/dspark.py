@@ -22,9 +22,9 @@ from ovbuild.ir.ports import (
     LOGITS,
     PREDECESSOR_CONFIDENCE,
 )
-from ovbuild.runtime.drafters.base import DrafterOption, DraftItem, Proposal, sampled_proposal
-from ovbuild.runtime.drafters.markov import MarkovDrafter
-from ovbuild.runtime.lattice import walk_tokens
+from ovbuild.runtime.speculation.drafters.base import DrafterOption, DraftItem, Proposal, sampled_proposal
+from ovbuild.runtime.speculation.drafters.markov import MarkovDrafter
+from ovbuild.runtime.speculation.lattice import walk_tokens
 
 MARKOV_MODES = ("chain", "lattice")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ovbuild.runtime.cache_manager import CacheManager
+    from ovbuild.runtime.cache.cache_manager import CacheManager
     from ovbuild.runtime.request import Request
 
 

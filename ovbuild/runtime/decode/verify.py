@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ovbuild.runtime.penalties import PenalizedRows
-from ovbuild.runtime.sampling import SamplingParams, Uniforms, draw, position_uniforms, processed_probs, race
+from ovbuild.runtime.decode.penalties import PenalizedRows
+from ovbuild.runtime.decode.sampling import SamplingParams, Uniforms, draw, position_uniforms, processed_probs, race
 
 
 class ProcessedRows:
@@ -84,7 +84,7 @@ def verify_sampled(
 ) -> list[int]:
     """The scheduler's hook: logits [K+1, V] of the verification rows, q [K, V] or None (point masses, or no draft)
     -> committed tokens; the first verification row's token is output `position`. `logits` penalized rows
-    (ovbuild.runtime.penalties) for a request with penalties."""
+    (ovbuild.runtime.decode.penalties) for a request with penalties."""
     p, u = ProcessedRows(logits, params), RowUniforms(params.rng_seed, position, logits.shape[-1])
     if q is None or not proposal or params.verification == "exact":
         return verify_point_mass(p, proposal, u)

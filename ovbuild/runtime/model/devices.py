@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.ir import core
-from ovbuild.runtime import machine
-from ovbuild.runtime.machine import cpu_runtime_precision, device_kind
-from ovbuild.runtime.paged_model import KV_PRECISIONS
+from ovbuild.runtime.model import machine
+from ovbuild.runtime.model.machine import cpu_runtime_precision, device_kind
+from ovbuild.runtime.model.paged_model import KV_PRECISIONS
 
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")  # take real devices after a colon: "AUTO:GPU,CPU"
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ovbuild.ir.ports import ROW_OUTPUTS
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.padding import PAD_SEQUENCE, RowPadding
-from ovbuild.runtime.static_rows import copy_size, index_count, index_size, merge, pad_index, part_inputs, parts
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.padding import PAD_SEQUENCE, RowPadding
+from ovbuild.runtime.model.static_rows import copy_size, index_count, index_size, merge, pad_index, part_inputs, parts
 
 if TYPE_CHECKING:  # paged_model imports this module
-    from ovbuild.runtime.paged_model import PagedModel
+    from ovbuild.runtime.model.paged_model import PagedModel
 
 # Rows a CPU model's call runs at least (padded up to them) where no copies or row padding set its row count: the
 # plugin takes other kernels for a 1-row call than for more rows, at every weight precision (a Qwen3-4B-wide target's
@@ -64,7 +64,7 @@ class DynamicExecutor:
 
 @dataclass
 class PaddedExecutor:
-    """Calls of fewer rows than the recent ones padded up to their row count (ovbuild.runtime.padding)."""
+    """Calls of fewer rows than the recent ones padded up to their row count (ovbuild.runtime.model.padding)."""
 
     model: PagedModel
     padding: RowPadding
@@ -85,7 +85,7 @@ class PaddedExecutor:
 @dataclass
 class StaticExecutor:
     """Calls cut into parts at subsequence boundaries, each run in the copy compiled for its row count (padded up to
-    it), or in the dynamic model for a subsequence longer than the largest copy (ovbuild.runtime.static_rows)."""
+    it), or in the dynamic model for a subsequence longer than the largest copy (ovbuild.runtime.model.static_rows)."""
 
     model: PagedModel
 

@@ -15,11 +15,11 @@ import openvino as ov
 
 from ovbuild.ir import DraftIR, read_ir
 from ovbuild.ir.ports import CANDIDATE_INDICES, GREEDY_IDS, INPUT_IDS, LOGITS, POSITION_IDS, TAPS_IN, TOKEN_TYPE_IDS
-from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal, sampled_proposal
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.padding import DRAFT_PADDING
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.cache_manager import CacheManager
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.padding import DRAFT_PADDING
+from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal, sampled_proposal
 
 
 class BlockDrafter(Drafter):

@@ -21,7 +21,7 @@ import openvino as ov
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.ir.ports import STATE_OUTPUT_OF, STATE_ROWS, STATES
-from ovbuild.runtime.rows import SequenceRows
+from ovbuild.runtime.cache.rows import SequenceRows
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ import numpy as np
 
 from ovbuild.errors import CacheExhaustedError
 from ovbuild.ir.ports import INPUT_IDS, LOGITS_INDICES, POSITION_IDS
-from ovbuild.runtime.drafters.base import Drafter, DraftItem
-from ovbuild.runtime.paged_model import PagedModel
-from ovbuild.runtime.rows import sequence_rows
-from ovbuild.runtime.speculation import CALIBRATION_ROWS, Speculation, timed
+from ovbuild.runtime.cache.rows import sequence_rows
+from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.speculation.planner import CALIBRATION_ROWS, Speculation, timed
 
 SCRATCH = -1  # the sequence id the timed calls write under; its blocks are freed right after
 
@@ -120,7 +120,7 @@ def calibration_key(target_dir: str | Path, draft_dir: str | Path, settings: str
     """The cache key of a pair served with `settings` (how the models were compiled) on this machine."""
     import openvino as ov
 
-    from ovbuild.runtime.machine import describe
+    from ovbuild.runtime.model.machine import describe
 
     about = {
         "version": CACHE_VERSION,

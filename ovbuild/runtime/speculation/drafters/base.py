@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ovbuild.errors import UnsupportedError
-from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.sampling import SamplingParams, sample_rows
+from ovbuild.runtime.cache.cache_manager import CacheManager
+from ovbuild.runtime.decode.sampling import SamplingParams, sample_rows
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Drafter(ABC):
     tap_width: int  # width of a context row (the target taps the draft reads)
     infer_s: float = 0.0  # time spent inside draft inference calls, for the time split
     prefix_caching: bool = False  # whether `resume` can start a sequence on context rows its cache holds
-    compile_s: float = 0.0  # of which compiling (ovbuild.runtime.static_rows): a one-off the call costs leave out
+    compile_s: float = 0.0  # of which compiling (ovbuild.runtime.model.static_rows): a one-off the call costs leave out
 
     @classmethod
     @abstractmethod

@@ -2,7 +2,7 @@
 
 A sequence takes blocks as it grows (`reserve`, before each call that writes past its blocks) and gives them back
 with `free`. What a call leaves behind becomes the sequence's only through `commit`: committed tokens' full blocks are
-registered for prefix caching (ovbuild.runtime.prefix), and a hybrid target keeps the linear-attention state after
+registered for prefix caching (ovbuild.runtime.cache.prefix), and a hybrid target keeps the linear-attention state after
 the last committed row. Rows a call wrote past the committed length (rejected draft tokens) are never committed: the
 next call overwrites them. `cached_prefix` and `resume` start a new sequence on the longest prefix the cache holds.
 A model whose cache is more than KV blocks (recurrent state slots) gives the scheduler the same calls.
@@ -16,7 +16,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ovbuild.errors import ConfigError
-from ovbuild.runtime.state_pool import StatePool
+from ovbuild.runtime.cache.state_pool import StatePool
 
 
 class CacheManager(ABC):

@@ -12,9 +12,9 @@ import openvino as ov
 from ovbuild.errors import ConfigError
 from ovbuild.ir import MARKOV_HEAD_STEM
 from ovbuild.ir.ports import CANDIDATE_IDS, EDGE_SCORES
-from ovbuild.runtime.drafters.base import DraftItem, Proposal
-from ovbuild.runtime.drafters.markov import MarkovDrafter
-from ovbuild.runtime.lattice import greedy_walk
+from ovbuild.runtime.speculation.drafters.base import DraftItem, Proposal
+from ovbuild.runtime.speculation.drafters.markov import MarkovDrafter
+from ovbuild.runtime.speculation.lattice import greedy_walk
 
 
 class LatticeDrafter(MarkovDrafter):

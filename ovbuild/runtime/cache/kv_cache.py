@@ -18,8 +18,8 @@ from ovbuild.ir.ports import (
     SUBSEQUENCE_BEGINS,
     VALUE_CACHE,
 )
-from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.rows import SequenceRows, sequence_rows
+from ovbuild.runtime.cache.cache_manager import CacheManager
+from ovbuild.runtime.cache.rows import SequenceRows, sequence_rows
 
 __all__ = ["BlockAllocator", "PagedKVCache", "SequenceRows", "cache_block_size", "context_bound", "sequence_rows"]
 
@@ -41,10 +41,10 @@ class BlockAllocator(CacheManager):
     """Fixed pool of KV cache blocks; each sequence holds a table of blocks in logical order.
 
     Blocks are reference counted: a full block of committed tokens can be registered under its chained hash
-    (ovbuild.runtime.prefix) and shared by every sequence whose prefix hashes the same. A block nobody holds goes back
-    to the free queue; a registered one keeps its contents and its hash there, and is reused by a later hit until its
-    room is needed: blocks are taken from the front of the queue, unregistered ones (nothing lost) are put there, and
-    registered ones at the back (least recently freed go first)."""
+    (ovbuild.runtime.cache.prefix) and shared by every sequence whose prefix hashes the same. A block nobody holds goes
+    back to the free queue; a registered one keeps its contents and its hash there, and is reused by a later hit until
+    its room is needed: blocks are taken from the front of the queue, unregistered ones (nothing lost) are put there,
+    and registered ones at the back (least recently freed go first)."""
 
     def __init__(self, num_blocks: int, block_size: int, pinned: dict[int, list[int]] | None = None):
         """pinned: tables held for good by blocks outside the pool (ids from num_blocks on), e.g. padding rows'."""

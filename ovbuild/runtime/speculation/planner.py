@@ -9,13 +9,14 @@ where tokens(k) = sum over requests of 1 + r (s_1 + ... + s_k) (s_j: the chance 
 accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
 error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
 tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
-measured as a function of the rows a call computes (a static copy's, padding included; ovbuild.runtime.call_cost:
-calibrated once, then updated from every call); host time is measured apart for steps with and without a draft call.
-The draft works for the rows it runs: a request drafting k tokens costs k + 1 target rows and k + candidate_offset
-draft rows (the drafter runs a block of that length). A draft call also carries every request's pending context rows:
-as many as the step commits are charged in full (each call of a drafting streak carries the step before's), and a
-backlog beyond them (taps piled up while nobody drafted, a gap's) serves every later step and is charged at a share
-(CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not drafting by DRAFT_MARGIN.
+measured as a function of the rows a call computes (a static copy's, padding included;
+ovbuild.runtime.speculation.call_cost: calibrated once, then updated from every call); host time is measured apart for
+steps with and without a draft call. The draft works for the rows it runs: a request drafting k tokens costs k + 1
+target rows and k + candidate_offset draft rows (the drafter runs a block of that length). A draft call also carries
+every request's pending context rows: as many as the step commits are charged in full (each call of a drafting streak
+carries the step before's), and a backlog beyond them (taps piled up while nobody drafted, a gap's) serves every later
+step and is charged at a share (CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not
+drafting by DRAFT_MARGIN.
 
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
@@ -32,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ovbuild.runtime.call_cost import CallCost
+from ovbuild.runtime.speculation.call_cost import CallCost
 
 if TYPE_CHECKING:  # for annotations only: the planner itself runs no model
-    from ovbuild.runtime.drafters.base import Drafter
-    from ovbuild.runtime.paged_model import PagedModel
+    from ovbuild.runtime.model.paged_model import PagedModel
+    from ovbuild.runtime.speculation.drafters.base import Drafter
 
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 # The first position's acceptance before anything is observed: optimistic enough to try drafting. A deeper position's
@@ -134,7 +135,8 @@ class Speculation:
     # never drafting while its plans expected a gain.
     draft_host_s: float = 0.0
     calibration_tried: bool = False  # calibration runs once, before the first plan (see DraftStep.step)
-    # where a calibration's timings are kept and found (ovbuild.runtime.calibration.CalibrationCache); None: timed
+    # where a calibration's timings are kept and found (ovbuild.runtime.speculation.calibration.CalibrationCache); None:
+    # timed
     calibration_cache: object | None = None
     # Steps between plans while the last plans drafted for nobody (doubling up to MAX_PLAN_BACKOFF). Kept here, across
     # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a

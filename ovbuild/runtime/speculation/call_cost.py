@@ -21,8 +21,8 @@ def bucket(rows: int) -> int:
 
 # A row bucket without a call among its model's last PHASE_CALLS calls describes another phase of the run (one request
 # at a time, then four at once; a busy machine, then a quiet one): its next call starts it afresh, and while two or more
-# buckets have recent calls the curve is fitted to those and to older ones of more rows (ovbuild.runtime.speculation
-# also times an outdated plain step before drafting against it).
+# buckets have recent calls the curve is fitted to those and to older ones of more rows
+# (ovbuild.runtime.speculation.planner also times an outdated plain step before drafting against it).
 PHASE_CALLS = 128
 
 

@@ -33,7 +33,7 @@ class SamplingParams:
         check_verification(self.verification)
 
 
-# How a sampled draft token is verified (ovbuild.runtime.verify):
+# How a sampled draft token is verified (ovbuild.runtime.decode.verify):
 # - "exact": the draft draws with the uniform the target draws that output position with, and a draft token is kept
 #   when it equals the target's own draw. The output is the target alone's for the same seed, token for token,
 #   whatever the batch and however many draft tokens each step verifies (so the adaptive choice of K cannot change it).
