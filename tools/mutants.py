@@ -258,7 +258,7 @@ MUTANTS = (
     ),
     Mutant(
         "prefix-hit-takes-the-last-context-token",
-        "ovbuild/runtime/cache/prefix.py",
+        "ovbuild/runtime/admission.py",
         "limit = request.context_len - 1",
         "limit = request.context_len",
         PREFIX,

@@ -39,8 +39,8 @@ import numpy as np
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSITION_IDS
+from ovbuild.runtime.admission import prefilling_its_first_block, prefix_hits
 from ovbuild.runtime.cache.cache_manager import CacheManager
-from ovbuild.runtime.cache.prefix import prefilling_its_first_block, prefix_hits
 from ovbuild.runtime.cache.rows import sequence_rows
 from ovbuild.runtime.commit import append_tokens, first_token, record_prompt_logprobs, verified_tokens
 from ovbuild.runtime.decode.logprobs import PROMPT_LOGPROB_ROWS
@@ -317,14 +317,14 @@ class Scheduler:
             plan.hits[request.id] = hit
 
     def _prefills_its_prefix(self, request: Request) -> bool:
-        """Whether a running request is still prefilling this one's first block (ovbuild.runtime.cache.prefix)."""
+        """Whether a running request is still prefilling this one's first block (ovbuild.runtime.admission)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return False
         prefilling = (r for r in self.running if r.status is Status.PREFILL)
         return prefilling_its_first_block(request, prefilling, self.target.cache_manager.block_size)
 
     def _prefix_hits(self, request: Request) -> tuple[int, int]:
-        """(target, draft) tokens of the request's context found cached (ovbuild.runtime.cache.prefix.prefix_hits)."""
+        """(target, draft) tokens of the request's context found cached (ovbuild.runtime.admission.prefix_hits)."""
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return 0, 0  # prompt logprobs come from the prompt's rows: they all run
         draft = self.drafter.cache_manager if self.drafter is not None else None

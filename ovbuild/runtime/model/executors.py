@@ -9,17 +9,26 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
+import openvino as ov
 
 from ovbuild.ir.ports import ROW_OUTPUTS
-from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.cache.kv_cache import PagedKVCache, SequenceRows
+from ovbuild.runtime.cache.state_pool import StatePool
+from ovbuild.runtime.model.binding import InputBinder
 from ovbuild.runtime.model.padding import PAD_SEQUENCE, RowPadding
-from ovbuild.runtime.model.static_rows import copy_size, index_count, index_size, merge, pad_index, part_inputs, parts
-
-if TYPE_CHECKING:  # paged_model imports this module
-    from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.model.static_rows import (
+    StaticCopies,
+    copy_size,
+    index_count,
+    index_size,
+    merge,
+    pad_index,
+    part_inputs,
+    parts,
+)
 
 # Rows a CPU model's call runs at least (padded up to them) where no copies or row padding set its row count: the
 # plugin takes other kernels for a 1-row call than for more rows, at every weight precision (a Qwen3-4B-wide target's
@@ -27,6 +36,27 @@ if TYPE_CHECKING:  # paged_model imports this module
 # alone's decode rounds as its verification rows do, and greedy speculation stays exact. At Qwen3-4B width the extra
 # row cost nothing measurable: a decode reads every weight either way.
 MIN_ROWS = 2
+
+
+class PagedModel(Protocol):
+    """What an executor runs its calls through: a PagedModel (ovbuild.runtime.model.paged_model), which picks its
+    executor here, so this module names only the parts it uses and never imports it."""
+
+    static: StaticCopies | None
+    states: StatePool | None
+    cache: PagedKVCache
+    request: ov.InferRequest
+    binder: InputBinder
+
+    def infer(
+        self,
+        rows: list[SequenceRows],
+        inputs: dict,
+        state_rows: list[list[int]] | None,
+        request: ov.InferRequest,
+        binder: InputBinder,
+        pad: int,
+    ) -> dict[str, np.ndarray]: ...
 
 
 class Executor(Protocol):

@@ -7,6 +7,7 @@ Benchmarks print it beside their figures, and tests use it where the CPU plugin'
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -72,3 +73,11 @@ def describe() -> str:
 def device_kind(device: str) -> str:
     """The kind of an OpenVINO device name, upper case and without its index: "GPU" for "gpu.1", "CPU" for "CPU"."""
     return device.upper().split(".", 1)[0]
+
+
+def physical_memory_mb() -> float | None:
+    """Installed memory in MB, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (AttributeError, ValueError, OSError):
+        return None

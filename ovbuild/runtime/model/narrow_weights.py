@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import openvino as ov
 
-from ovbuild.runtime.model.machine import cpu_math, device_kind
-from ovbuild.runtime.validation import physical_memory_mb
+from ovbuild.runtime.model.machine import cpu_math, device_kind, physical_memory_mb
 
 # The rt_info key of OpenVINO's Decompression attribute (ov::mark_as_decompression): the plugin looks for the key only.
 DECOMPRESSION = "decompression_0"
