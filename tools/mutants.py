@@ -93,7 +93,7 @@ MUTANTS = (
     ),
     Mutant(
         "scheduler-rejected-taps-committed",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/verification.py",
         "request.add_taps(taps[: accepted + 1])",
         "request.add_taps(taps)",
         SPECULATIVE,
@@ -273,7 +273,7 @@ MUTANTS = (
     # -- scheduler and metrics ----------------------------------------------------------------------------------------
     Mutant(
         "scheduler-anchor-not-committed",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/verification.py",
         "request.target_len += accepted + 1  #",
         "request.target_len += accepted  #",
         SPECULATIVE,
@@ -542,7 +542,7 @@ MUTANTS = (
     # -- exact bf16 math -----------------------------------------------------------------------------------------------
     Mutant(
         "scheduler-verification-rows-in-one-subsequence",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/verification.py",
         "one_per_row = request.status is Status.DECODE and self.target.row_subsequences",
         "one_per_row = False",
         ("tests/test_speculative.py",),
@@ -613,7 +613,7 @@ MUTANTS = (
     ),
     Mutant(
         "scheduler-target-cost-keeps-compiling-calls",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/verification.py",
         "if self.speculation is not None and self.target.compile_s == compiled:",
         "if self.speculation is not None:",
         ("tests/test_static_rows.py",),
@@ -642,7 +642,7 @@ MUTANTS = (
     ),
     Mutant(
         "scheduler-takes-taps-after-a-gap",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/verification.py",
         "        if taps is not None and request.gap == 0:\n            request.add_taps(taps[: accepted + 1])",
         "        if taps is not None:\n            request.add_taps(taps[: accepted + 1])",
         UNTAPPED,
@@ -852,7 +852,7 @@ MUTANTS = (
     ),
     Mutant(
         "prompt-logprobs-from-cached-prefix",
-        "ovbuild/runtime/scheduler.py",
+        "ovbuild/runtime/admission.py",
         "if not self.prefix_caching or request.config.prompt_logprobs is not None:\n            return 0, 0  # prompt",
         "if not self.prefix_caching:\n            return 0, 0  # prompt",
         ("tests/test_logprobs.py",),
