@@ -17,6 +17,7 @@ from pathlib import Path
 import openvino as ov
 
 from ovbuild.errors import UnsupportedError
+from ovbuild.families import declared_family, family_builder
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.graph.target import build_target
@@ -125,21 +126,12 @@ def load_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
 
 def target_family(name: str) -> TargetFamily:
     """The target family declared as `name` (a TargetConfig's family, a target IR's `ovbuild/family`)."""
-    if name not in BY_NAME:
-        raise UnsupportedError(f"unknown target family '{name}' (known: {', '.join(BY_NAME)})")
-    return BY_NAME[name]
+    return declared_family("target", TARGETS, name)
 
 
 def target_builder(cfg: TargetConfig, ir_format: str = "paged") -> TargetBuilder:
     """The builder of a target's IRs in `ir_format`; an error when its family does not have that format."""
-    f = target_family(cfg.family)
-    if ir_format not in f.builders:
-        having = [g.name for g in TARGETS if ir_format in g.builders]
-        raise UnsupportedError(
-            f"{cfg.architecture} ({f.name}): the {ir_format} IR format exists for {', '.join(having)} targets only "
-            f"({f.name} targets export as: {', '.join(f.builders)})"
-        )
-    return f.builders[ir_format]
+    return family_builder("target", TARGETS, cfg, ir_format)
 
 
 def build_target_models(

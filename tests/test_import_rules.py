@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "reference": {"errors", "weights"},
     "runtime": {"errors", "signals", "ir"},
     "families": {"errors", "ir", "weights", "graph", "testing"},
-    "targets": {"errors", "ir", "weights", "graph", "testing"},
+    "targets": {"errors", "ir", "weights", "graph", "testing", "families"},  # families: the one family lookup
     "export": {"version", "errors", "signals", "ir", "weights", "graph", "families", "targets"},
     "testing": {"errors", "ir", "weights", "reference", "runtime"},
     "llm": {"errors", "runtime"},
