@@ -82,7 +82,7 @@ def triple(settings: dict, path: Path, key: str, default: tuple[float, float, fl
 
 
 def refuse_disabled_steps(settings: dict, path: Path) -> None:
-    """ovbuild always resizes, rescales and normalises, as every published config asks; say so if one turns a step off."""
+    """ovbuild always resizes, rescales and normalises, as every published config asks; refuse a file that does not."""
     for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
         if settings.get(key) is False:
             raise UnsupportedError(f"{path}: {key} is false; ovbuild's processors always apply that step")

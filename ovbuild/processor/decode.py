@@ -22,9 +22,20 @@ except ImportError:  # the `vision` extra; the message says which
 
 # The formats Pillow may open here: what browsers and cameras send. Others (EPS, which runs Ghostscript; PSD; ICO; ...)
 # are refused by name rather than handed to a decoder nobody reviewed for untrusted input.
-FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 # Formats whose decoder can produce a reduced image directly (libjpeg's DCT scaling through `Image.draft`).
-REDUCIBLE = ("JPEG", "MPO")
+REDUCIBLE = ("JPEG", "MPO")  # Pillow opens multi-picture JPEGs (MPO) through its JPEG plugin
+
+# Leading bytes of each accepted format, to tell "not an image we take" from "one of ours, but its header is broken".
+SIGNATURES = {
+    b"\xff\xd8\xff": "JPEG",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
+}
 
 ImageSource = Union[bytes, bytearray, memoryview, str, Path, "Image.Image"]
 
@@ -91,9 +102,9 @@ def open_checked(data: bytes, name: str, limits: ImageLimits) -> Image.Image:
         except Image.DecompressionBombError as e:
             raise ImageError(f"{name}: too large for Pillow's decompression-bomb limit ({e})") from e
         except UnidentifiedImageError as e:
-            raise ImageError(f"{name}: not an image in a format ovbuild decodes ({', '.join(FORMATS)})") from e
+            raise ImageError(f"{name}: {unidentified(data)}") from e
         except (OSError, SyntaxError, ValueError, EOFError) as e:
-            raise ImageError(f"{name}: corrupt image header ({e})") from e
+            raise ImageError(f"{name}: corrupt or truncated image header ({e})") from e
     width, height = image.size
     if width <= 0 or height <= 0:
         raise ImageError(f"{name}: zero-size image ({width}x{height})")
@@ -103,6 +114,16 @@ def open_checked(data: bytes, name: str, limits: ImageLimits) -> Image.Image:
     if pixels > limits.max_decoded_pixels:
         reduce_on_decode(image, name, limits)
     return image
+
+
+def unidentified(data: bytes) -> str:
+    """Why Pillow could not open `data`: a known format with a broken header, or no format ovbuild takes."""
+    kind = next((fmt for magic, fmt in SIGNATURES.items() if data.startswith(magic)), None)
+    if kind is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        kind = "WEBP"
+    if kind is not None:
+        return f"a {kind} file whose header cannot be read (corrupt, truncated, or a zero-size image)"
+    return f"not an image in a format ovbuild decodes ({', '.join(FORMATS)})"
 
 
 def reduce_on_decode(image: Image.Image, name: str, limits: ImageLimits) -> None:

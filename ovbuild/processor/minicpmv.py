@@ -12,7 +12,7 @@ import numpy as np
 from ovbuild.errors import ConfigError
 from ovbuild.processor import config_file as cf
 from ovbuild.processor.minicpmv_slices import find_best_resize, refine_size, slice_grid
-from ovbuild.processor.pixels import resize, rescale_normalize, to_chw
+from ovbuild.processor.pixels import rescale_normalize, resize, to_chw
 from ovbuild.processor.processed import ProcessedImage, content_hash, expand_image_tokens
 
 IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
@@ -67,7 +67,8 @@ class MiniCPMVImageProcessor:
             slice_h, slice_w = refine_h // rows, refine_w // cols
             for r in range(rows):  # row-major, as divide_to_patches cuts
                 for c in range(cols):
-                    strips.append(self.pack(refined[:, r * slice_h : (r + 1) * slice_h, c * slice_w : (c + 1) * slice_w]))
+                    crop = refined[:, r * slice_h : (r + 1) * slice_h, c * slice_w : (c + 1) * slice_w]
+                    strips.append(self.pack(crop))
                     sizes.append((slice_h // self.patch_size, slice_w // self.patch_size))
         pixel_values = np.concatenate(strips, axis=-1)[None]  # [1, C, P, patches * P]
         target_sizes = np.array(sizes, dtype=np.int32)
@@ -108,7 +109,7 @@ class MiniCPMVImageProcessor:
         `<image_id>k</image_id>` (k counting the prompt's images from 0) when use_image_id is set."""
         t = self.tokens
         ids = [f"{t.image_id_start}{k}{t.image_id_end}" if self.use_image_id else "" for k in range(len(images))]
-        return expand_image_tokens(prompt, t.image, [i + im.placeholder for i, im in zip(ids, images)])
+        return expand_image_tokens(prompt, t.image, [i + im.placeholder for i, im in zip(ids, images, strict=True)])
 
     @classmethod
     def from_folder(cls, folder: Path) -> MiniCPMVImageProcessor:

@@ -53,6 +53,6 @@ def expand_image_tokens(prompt: str, image_token: str, replacements: list[str]) 
             param="messages",
         )
     out = [parts[0]]
-    for replacement, part in zip(replacements, parts[1:]):
+    for replacement, part in zip(replacements, parts[1:], strict=True):
         out += [replacement, part]
     return "".join(out)

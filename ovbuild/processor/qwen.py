@@ -12,7 +12,7 @@ import numpy as np
 
 from ovbuild.errors import ConfigError, ImageError
 from ovbuild.processor import config_file as cf
-from ovbuild.processor.pixels import resize, rescale_normalize, to_chw
+from ovbuild.processor.pixels import rescale_normalize, resize, to_chw
 from ovbuild.processor.processed import ProcessedImage, content_hash, expand_image_tokens
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -115,7 +115,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     """(height, width) rounded to multiples of `factor`, scaled into [min_pixels, max_pixels] keeping the aspect ratio
     (transformers' smart_resize, Python's round-half-to-even included)."""
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ImageError(f"image of {width}x{height}: aspect ratio over {MAX_ASPECT_RATIO}, which Qwen's resize refuses")
+        raise ImageError(f"image of {width}x{height}: aspect ratio over {MAX_ASPECT_RATIO} (Qwen's resize refuses it)")
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
