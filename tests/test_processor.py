@@ -140,8 +140,8 @@ def test_large_jpeg_decodes_reduced_to_fit():
 
 
 def test_a_100_megapixel_jpeg_never_exists_at_full_size():
-    """The 10000x10000 JPEG decodes at 1/2 scale under the default limits: peak memory of a fresh process stays far
-    below the 300 MB its full RGB raster (plus the 100 MB greyscale one) would take."""
+    """The 10000x10000 JPEG decodes at 1/2 scale under the default limits: the peak memory of a fresh process grows by
+    about 120 MB, where decoding it in full takes 400 MB (its 100 MB greyscale raster, then 300 MB as RGB)."""
     script = (
         "import gzip, resource, sys\n"
         "from ovbuild.processor import decode_image\n"
@@ -157,7 +157,8 @@ def test_a_100_megapixel_jpeg_never_exists_at_full_size():
     ).stdout.split()
     width, height, grown_mb = (int(v) for v in out)
     assert (width, height) == (5000, 5000)
-    assert grown_mb < 200, f"decoding grew peak memory by {grown_mb} MB (a full decode needs 400 MB)"
+    # 1/2 scale: 25 MB of greyscale, 75 MB as RGB; in full it would be 100 MB + 300 MB
+    assert grown_mb < 160, f"decoding grew peak memory by {grown_mb} MB (a full decode needs 400 MB)"
     assert len(gzip.decompress((DATA / "inputs" / "flat_100mp.jpg.gz").read_bytes())) > 1_000_000
 
 

@@ -60,9 +60,10 @@ MINICPMV = {
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
 }
-# The marker strings MiniCPMV4_7Processor reads from its tokenizer; stand-ins with MiniCPM-V's spellings.
+# The strings MiniCPMV4_7Processor reads from its tokenizer, as MiniCPM-V 4.6 / 4.7 tokenizer_config.json files
+# declare them in `extra_special_tokens`.
 MINICPMV_TOKENS = {
-    "image_token": "<unk>",
+    "image_token": "<|image_pad|>",
     "image_start_token": "<image>",
     "image_end_token": "</image>",
     "slice_start_token": "<slice>",
@@ -118,9 +119,9 @@ def qwen_case(processor: Qwen2VLImageProcessorPil, image: Image.Image) -> dict[s
 def minicpmv_case(processor: MiniCPMV4_6ImageProcessorPil, image: Image.Image) -> dict[str, np.ndarray]:
     """MiniCPM-V's output for one image and the placeholder MiniCPMV4_7Processor writes for it (image id 0)."""
     out = processor(images=[image], return_tensors="np")
-    stub = SimpleNamespace(slice_mode=processor.slice_mode, video_token="<video>", **MINICPMV_TOKENS)
+    stub = SimpleNamespace(slice_mode=processor.slice_mode, video_token="<|video_pad|>", **MINICPMV_TOKENS)
     text = MiniCPMV4_7Processor.replace_image_token(stub, out, image_idx=0, image_token_divisor=16)
-    with_id = MiniCPMV4_7Processor._prepend_local_ids(stub, ["<unk>"], [text], stub.image_token)[0]
+    with_id = MiniCPMV4_7Processor._prepend_local_ids(stub, [stub.image_token], [text], stub.image_token)[0]
     stats = row_statistics(minicpmv_rows(out["pixel_values"], processor.patch_size))
     return {
         "shape": np.array(out["pixel_values"].shape),

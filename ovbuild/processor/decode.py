@@ -152,7 +152,7 @@ def to_rgb(image: Image.Image, name: str, limits: ImageLimits) -> Image.Image:
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
             image.load()
-            image = ImageOps.exif_transpose(image)
+            ImageOps.exif_transpose(image, in_place=True)  # as load_image does, without a second raster
             return image.convert("RGB")
         except (OSError, SyntaxError, ValueError, EOFError) as e:
             kind = image.format or "image"

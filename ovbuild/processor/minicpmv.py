@@ -23,11 +23,11 @@ TOKEN_DIVISOR = {"16x": 16, "4x": 4}
 
 @dataclass(frozen=True)
 class MiniCPMVTokens:
-    """The marker strings around an image and its slices, and the repeated image token. The markers are the ones
-    MiniCPM-V's tokenizers have always declared; the image token is `<unk>` (what MiniCPM-V's processors repeat)
-    unless tokenizer_config.json names another in `extra_special_tokens`."""
+    """The marker strings around an image and its slices, and the repeated image token, as MiniCPM-V 4.6 / 4.7
+    tokenizers (Qwen3.5's vocabulary) declare them in `extra_special_tokens`; a tokenizer_config.json naming others
+    wins."""
 
-    image: str = "<unk>"
+    image: str = "<|image_pad|>"
     image_start: str = "<image>"
     image_end: str = "</image>"
     slice_start: str = "<slice>"
