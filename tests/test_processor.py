@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ovbuild.errors import ConfigError, ImageError, RequestError, UnsupportedError
+from ovbuild.errors import ConfigError, ImageError, MissingDependencyError, RequestError, UnsupportedError
 from ovbuild.processor import (
     ImageLimits,
     MiniCPMVImageProcessor,
     QwenImageProcessor,
+    decode,
     decode_image,
     smart_resize,
 )
@@ -271,3 +272,17 @@ def test_equal_images_share_a_hash_and_different_ones_do_not(qwen):
     a, b = qwen.process(image_of("224x224")), qwen.process(image_of("224x224"))
     c = qwen.process(Image.fromarray(picture(224, 224, seed=1)))
     assert a.content_hash == b.content_hash != c.content_hash
+
+
+def test_the_processors_import_no_openvino():
+    """Serving runs them beside the scheduler; a processor process needs no OpenVINO."""
+    script = "import sys, ovbuild.processor; print(sorted(m for m in sys.modules if m.split('.')[0] == 'openvino'))"
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_without_pillow_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setattr(decode, "Image", None)
+    with pytest.raises(MissingDependencyError, match=r"ovbuild\[vision\]"):
+        decode_image(b"\x89PNG")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from ovbuild.processor import config_file as cf
 from ovbuild.processor.minicpmv_slices import find_best_resize, refine_size, slice_grid
 from ovbuild.processor.pixels import rescale_normalize, resize, to_chw
 from ovbuild.processor.processed import ProcessedImage, content_hash, expand_image_tokens
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
 IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
@@ -53,35 +57,36 @@ class MiniCPMVImageProcessor:
     resample: int = 3  # bicubic
     tokens: MiniCPMVTokens = MiniCPMVTokens()
 
-    def process(self, image) -> ProcessedImage:
+    def process(self, image: Image.Image) -> ProcessedImage:
         """An RGB Pillow image -> pixel_values [1, C, P, patches * P], target_sizes [crops, 2], tokens."""
         size = (image.height, image.width)
         grid = slice_grid(size, self.max_slice_nums, self.scale_resolution) if self.slice_mode else None
         height, width = find_best_resize(size, self.scale_resolution, self.patch_size, allow_upscale=grid is None)
-        strips = [self.pack(to_chw(resize(image, height, width, self.resample)))]
-        sizes = [(height // self.patch_size, width // self.patch_size)]
+        overview = to_chw(resize(image, height, width, self.resample))
+        crops, resized = [overview], [overview]
         if grid is not None:
             rows, cols = grid
             refine_h, refine_w = refine_size(size, grid, self.scale_resolution, self.patch_size)
             refined = to_chw(resize(image, refine_h, refine_w, self.resample))
+            resized.append(refined)
             slice_h, slice_w = refine_h // rows, refine_w // cols
-            for r in range(rows):  # row-major, as divide_to_patches cuts
-                for c in range(cols):
-                    crop = refined[:, r * slice_h : (r + 1) * slice_h, c * slice_w : (c + 1) * slice_w]
-                    strips.append(self.pack(crop))
-                    sizes.append((slice_h // self.patch_size, slice_w // self.patch_size))
-        pixel_values = np.concatenate(strips, axis=-1)[None]  # [1, C, P, patches * P]
-        target_sizes = np.array(sizes, dtype=np.int32)
-        tokens_per_crop = [h * w // TOKEN_DIVISOR[self.downsample_mode] for h, w in sizes]
-        placeholder = self.placeholder_text(tokens_per_crop, grid)
+            crops += [  # row-major, as divide_to_patches cuts
+                refined[:, r * slice_h : (r + 1) * slice_h, c * slice_w : (c + 1) * slice_w]
+                for r in range(rows)
+                for c in range(cols)
+            ]
+        pixel_values = np.concatenate([self.pack(crop) for crop in crops], axis=-1)[None]  # [1, C, P, patches * P]
+        target_sizes = np.array([(c.shape[1] // self.patch_size, c.shape[2] // self.patch_size) for c in crops])
+        target_sizes = target_sizes.astype(np.int32)  # [crops, 2]: (h, w) in patches
+        tokens_per_crop = [int(h * w) // TOKEN_DIVISOR[self.downsample_mode] for h, w in target_sizes]
         return ProcessedImage(
             family="minicpmv",
             pixel_values=pixel_values,
             grid=target_sizes,
             slices=grid or (0, 0),
-            num_tokens=count_tokens(tokens_per_crop, grid if self.slice_mode else None),
-            placeholder=placeholder,
-            content_hash=content_hash("minicpmv", pixel_values, target_sizes),
+            num_tokens=count_tokens(tokens_per_crop, grid),
+            placeholder=self.placeholder_text(tokens_per_crop, grid),
+            content_hash=content_hash(self, resized),
         )
 
     def pack(self, crop: np.ndarray) -> np.ndarray:

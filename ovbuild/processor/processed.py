@@ -21,7 +21,8 @@ class ProcessedImage:
     slices:       MiniCPM-V: (rows, cols) of the slice grid, (0, 0) when the source alone is used; Qwen: (0, 0)
     num_tokens:   image-token positions the prompt holds for this image (= embeddings the tower returns for it)
     placeholder:  the text that replaces the image token of a rendered prompt (before any per-prompt image id)
-    content_hash: sha256 of the tower's inputs, so equal images share one encoding (and cache entries) and different
+    content_hash: sha256 of the processor's settings and the resized uint8 crops the pixel values are computed from
+                  (a fraction of the floats' size): equal images share one encoding (and cache entries), different
                   images behind the same placeholder ids never do
     """
 
@@ -34,12 +35,13 @@ class ProcessedImage:
     content_hash: str
 
 
-def content_hash(family: str, pixel_values: np.ndarray, grid: np.ndarray) -> str:
-    """sha256 over the family, the tower's pixel input and its grid, shapes included."""
-    h = hashlib.sha256(family.encode())
-    for array in (pixel_values, grid):
-        h.update(str((array.dtype.str, array.shape)).encode())
-        h.update(np.ascontiguousarray(array).tobytes())
+def content_hash(settings: object, crops: list[np.ndarray]) -> str:
+    """sha256 over a processor's settings (its repr) and the uint8 crops it normalises, shapes included: the pixel
+    values are a function of exactly these."""
+    h = hashlib.sha256(repr(settings).encode())
+    for crop in crops:
+        h.update(str((crop.dtype.str, crop.shape)).encode())
+        h.update(np.ascontiguousarray(crop).tobytes())
     return h.hexdigest()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from ovbuild.errors import ConfigError, ImageError
 from ovbuild.processor import config_file as cf
 from ovbuild.processor.pixels import rescale_normalize, resize, to_chw
 from ovbuild.processor.processed import ProcessedImage, content_hash, expand_image_tokens
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -51,7 +55,7 @@ class QwenImageProcessor:
         """Both sides of a resized image are multiples of this: one merge window of patches."""
         return self.patch_size * self.merge_size
 
-    def process(self, image) -> ProcessedImage:
+    def process(self, image: Image.Image) -> ProcessedImage:
         """An RGB Pillow image (see `decode_image`) -> pixel_values [patches, C*T*P*P], image_grid_thw, tokens."""
         height, width = smart_resize(image.height, image.width, self.factor, self.min_pixels, self.max_pixels)
         chw = to_chw(resize(image, height, width, self.resample))
@@ -66,7 +70,7 @@ class QwenImageProcessor:
             slices=(0, 0),
             num_tokens=num_tokens,
             placeholder=self.tokens.image * num_tokens,
-            content_hash=content_hash("qwen3_vl", patches, grid),
+            content_hash=content_hash(self, [chw]),
         )
 
     def expand_prompt(self, prompt: str, images: list[ProcessedImage]) -> str:
