@@ -128,8 +128,11 @@ def test_bad_input_raises_one_clear_error(source, words):
 
 
 def test_byte_limit_names_the_limit():
-    with pytest.raises(ImageError, match="over the 100-byte limit"):
-        decode_image(encoded("PNG"), ImageLimits(max_bytes=100))
+    small = ImageLimits(max_bytes=100)
+    data = encoded("PNG")
+    for source in (data, DATA / "inputs" / "rgba.png", "data:image/png;base64," + base64.b64encode(data).decode()):
+        with pytest.raises(ImageError, match="over the 100-byte limit"):
+            decode_image(source, small)
 
 
 def test_large_jpeg_decodes_reduced_to_fit():

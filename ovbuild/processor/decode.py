@@ -57,14 +57,17 @@ def require_pillow() -> None:
         raise MissingDependencyError("image input needs Pillow: pip install 'ovbuild[vision]'")
 
 
-def read_source(source: ImageSource) -> tuple[bytes, str]:
-    """The encoded bytes of `source` and a name for messages: raw bytes, a `data:` URL (base64) or a file path."""
+def read_source(source: ImageSource, max_bytes: int) -> tuple[bytes, str]:
+    """The encoded bytes of `source` and a name for messages: raw bytes, a `data:` URL (base64) or a file path; a file
+    or payload over `max_bytes` is refused before it is read or decoded."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), f"image bytes ({len(source)} bytes)"
     if isinstance(source, str) and source.startswith("data:"):
         header, sep, payload = source.partition(",")
         if not sep or not header.endswith(";base64"):
             raise ImageError(f"data URL {header[:64]!r}: expected 'data:<mime>;base64,<payload>'")
+        if len(payload) // 4 * 3 > max_bytes:
+            raise ImageError(f"data URL ({header[5:64]}): payload over the {max_bytes}-byte limit")
         try:
             return base64.b64decode(payload, validate=True), f"data URL ({header[5:64]})"
         except (binascii.Error, ValueError) as e:
@@ -75,6 +78,8 @@ def read_source(source: ImageSource) -> tuple[bytes, str]:
             raise ImageError(f"{str(source)[:200]}: ovbuild does not fetch URLs; pass the bytes or a data URL")
         if not path.is_file():
             raise ImageError(f"{str(source)[:200]}: no such image file")
+        if path.stat().st_size > max_bytes:
+            raise ImageError(f"{path}: {path.stat().st_size} bytes is over the {max_bytes}-byte limit")
         return path.read_bytes(), str(path)
     raise ImageError(f"an image must be bytes, a file path or a data URL, not {type(source).__name__}")
 
@@ -84,7 +89,7 @@ def decode_image(source: ImageSource, limits: ImageLimits = ImageLimits()) -> Im
     require_pillow()
     if isinstance(source, Image.Image):
         return to_rgb(source, "image", limits)
-    data, name = read_source(source)
+    data, name = read_source(source, limits.max_bytes)
     if not data:
         raise ImageError(f"{name}: empty, no image data")
     if len(data) > limits.max_bytes:
