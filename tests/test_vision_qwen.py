@@ -13,7 +13,9 @@ from ovbuild.graph.vision.qwen3_5 import build_qwen_vision
 from ovbuild.ir import VISION_FILE, VisionIR, WeightStorage, core, read_ir
 from ovbuild.ir.ports import GRID_THW, IMAGE_EMBEDS, PIXEL_VALUES
 from ovbuild.reference.vision_qwen import QwenVisionReference, linspace_f32
+from ovbuild.targets import VISION_TOWERS, find_vision_tower
 from ovbuild.testing import F32_NMSE, nmse
+from ovbuild.testing.references import VISION_REFERENCES
 from ovbuild.testing.tiny import write_checkpoint
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID, write_tiny_hybrid_target
 from ovbuild.testing.tiny_moe import write_tiny_moe_target
@@ -187,3 +189,12 @@ def test_node_names_are_paths(checkpoints):
     names = {op.get_friendly_name() for op in model.get_ops()}
     for path in ("visual.blocks.1/attn/qkv", "visual.blocks.0/mlp/linear_fc2", "visual.merger/linear_fc1"):
         assert path in names and f"{path}/weight" in names, path
+
+
+def test_every_tower_is_declared_with_its_reference(checkpoints):
+    assert {t.name for t in VISION_TOWERS} == set(VISION_REFERENCES)
+    for folder in checkpoints.values():
+        ckpt = Checkpoint.open(folder)
+        tower = find_vision_tower(ckpt.config, str(ckpt.config_path))
+        assert tower is not None and tower.load(ckpt)[0].family == tower.name
+    assert find_vision_tower({"architectures": ["Qwen3_5ForCausalLM"]}, "c.json") is None
