@@ -186,7 +186,9 @@ def test_cli_no_vision_and_inspect_geometry(capsys, exported, checkpoints, tmp_p
 
 def test_node_names_are_paths(checkpoints):
     model = build_qwen_vision(*load_qwen_vision(Checkpoint.open(checkpoints["dense"])))
-    names = {op.get_friendly_name() for op in model.get_ops()}
+    paths = [op.get_friendly_name() for op in model.get_ops() if op.get_friendly_name().startswith("visual")]
+    assert len(paths) == len(set(paths)), "a path names two nodes"
+    names = set(paths)
     for path in ("visual.blocks.1/attn/qkv", "visual.blocks.0/mlp/linear_fc2", "visual.merger/linear_fc1"):
         assert path in names and f"{path}/weight" in names, path
 
