@@ -27,6 +27,7 @@ class Role(Enum):
     OUTPUT = "one row per row the INDEX input names"
     HEAD_INPUT = "an input of a draft's Markov head, from its backbone's outputs"
     GENAI = "an input of a GenAI (stateful SDPA) IR"
+    VISION = "an input or output of a vision tower's IR (one call encodes every image packed into it)"
 
 
 class Port(str):
@@ -103,6 +104,12 @@ ATTENTION_MASK = Port("attention_mask", i64, 2, Role.GENAI)
 BEAM_IDX = Port("beam_idx", i32, 1, Role.GENAI)
 INPUTS_EMBEDS = Port("inputs_embeds", f32, 3, Role.GENAI)
 GENAI_TAPS_IN = Port(TAPS_IN, f32, 3, Role.GENAI)
+# Vision towers (Qwen3.5 family): every image's patches packed into one call, as the image processor flattens
+# them ([patches, C * T * P * P], each image's patches in merge-window order), each image's grid of patches
+# (t, h, w) in its row; one output row per merged token, images in input order.
+PIXEL_VALUES = Port("pixel_values", f32, 2, Role.VISION)
+GRID_THW = Port("grid_thw", i64, 2, Role.VISION)
+IMAGE_EMBEDS = Port("image_embeds", f32, 2, Role.VISION)
 
 PORTS: tuple[Port, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Port))
 ROW_INPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.ROW)

@@ -65,6 +65,14 @@ CONV_KERNEL = Key("ovbuild/linear_attention/conv_kernel", INT)
 NUM_V_HEADS = Key("ovbuild/linear_attention/num_v_heads", INT)
 K_HEAD_DIM = Key("ovbuild/linear_attention/k_head_dim", INT)
 V_HEAD_DIM = Key("ovbuild/linear_attention/v_head_dim", INT)
+VISION_DEPTH = Key("ovbuild/vision/depth", INT)
+VISION_NUM_HEADS = Key("ovbuild/vision/num_heads", INT)
+VISION_IN_CHANNELS = Key("ovbuild/vision/in_channels", INT)
+VISION_PATCH_SIZE = Key("ovbuild/vision/patch_size", INT)
+VISION_TEMPORAL_PATCH_SIZE = Key("ovbuild/vision/temporal_patch_size", INT)
+VISION_MERGE_SIZE = Key("ovbuild/vision/spatial_merge_size", INT)
+VISION_POSITION_GRID = Key("ovbuild/vision/num_position_embeddings", INT)
+VISION_OUT_HIDDEN_SIZE = Key("ovbuild/vision/out_hidden_size", INT)
 MARKOV_RANK = Key("markov_rank", INT)
 MARKOV_HEAD_TYPE = Key("markov_head_type")
 MARKOV_HEAD_MODE = Key("markov_head_mode", STRS)
@@ -270,6 +278,33 @@ class MarkovHeadIR(Record):
     def forms(self) -> tuple[str, ...]:
         """The forms the head holds; GenAI's v2 layout records none, its head being the lattice alone."""
         return self.modes or ("lattice",)
+
+
+@dataclass(frozen=True)
+class VisionIR(Record):
+    """A vision-language target's openvino_vision_model.xml: the tower's geometry, which the image processor sizes
+    images by (patches of temporal_patch_size x patch_size x patch_size, grids a multiple of spatial_merge_size)
+    and the runtime counts placeholder tokens by (one per spatial_merge_size^2 patches, out_hidden_size wide)."""
+
+    FIXED = _identity("vision")
+
+    family: str | None = rt(FAMILY)  # "qwen3_5_vision"
+    depth: int = rt(VISION_DEPTH)
+    hidden_size: int = rt(HIDDEN_SIZE)  # the tower's width
+    num_heads: int = rt(VISION_NUM_HEADS)
+    in_channels: int = rt(VISION_IN_CHANNELS)
+    patch_size: int = rt(VISION_PATCH_SIZE)
+    temporal_patch_size: int = rt(VISION_TEMPORAL_PATCH_SIZE)
+    spatial_merge_size: int = rt(VISION_MERGE_SIZE)
+    num_position_embeddings: int = rt(VISION_POSITION_GRID)
+    out_hidden_size: int = rt(VISION_OUT_HIDDEN_SIZE)  # the language model's hidden size
+
+    @classmethod
+    def from_model(cls, model: ov.Model, path: str | Path | None = None) -> VisionIR | None:
+        """The vision record of an IR, None for an IR that is not a vision tower."""
+        if KIND.read(model, Where(model, path)) != "vision":
+            return None
+        return super().from_model(model, path)
 
 
 @dataclass(frozen=True)
