@@ -27,6 +27,7 @@ class Role(Enum):
     OUTPUT = "one row per row the INDEX input names"
     HEAD_INPUT = "an input of a draft's Markov head, from its backbone's outputs"
     GENAI = "an input of a GenAI (stateful SDPA) IR"
+    VISION = "an input or output of a vision tower IR (one call encodes several images, packed)"
 
 
 class Port(str):
@@ -103,6 +104,12 @@ ATTENTION_MASK = Port("attention_mask", i64, 2, Role.GENAI)
 BEAM_IDX = Port("beam_idx", i32, 1, Role.GENAI)
 INPUTS_EMBEDS = Port("inputs_embeds", f32, 3, Role.GENAI)
 GENAI_TAPS_IN = Port(TAPS_IN, f32, 3, Role.GENAI)
+
+# MiniCPM-V 4.7 vision tower (graph/vision/minicpm.py): N images of h_i x w_i patches, L = sum h_i * w_i.
+MINICPM_PIXEL_VALUES = Port("pixel_values", f32, 4, Role.VISION)  # [1, C, p, L * p]: patches side by side
+MINICPM_TARGET_SIZES = Port("target_sizes", i64, 2, Role.VISION)  # [N, 2]: each image's (h, w) in patches
+IMAGE_EMBEDS = Port("image_embeds", f32, 2, Role.VISION)  # [sum of tokens, LM hidden]: the images' tokens in order
+IMAGE_TOKEN_COUNTS = Port("image_token_counts", i64, 1, Role.VISION)  # [N]: tokens of each image
 
 PORTS: tuple[Port, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Port))
 ROW_INPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.ROW)

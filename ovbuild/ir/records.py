@@ -287,3 +287,28 @@ class SpecialTokens:
         for name, value in vars(self).items():
             if value is not None:
                 model.set_rt_info(value, name)
+
+
+# MiniCPM-V 4.7 vision tower (graph/vision/minicpm.py): its keys and record, kept apart from the text IRs'.
+MINICPM_VISION_PATCH_SIZE = Key("ovbuild/minicpm_vision/patch_size", INT)
+MINICPM_VISION_CHANNELS = Key("ovbuild/minicpm_vision/num_channels", INT)
+MINICPM_VISION_MODE = Key("ovbuild/minicpm_vision/downsample_mode")  # "16x" or "4x"
+MINICPM_VISION_PATCHES_PER_TOKEN = Key("ovbuild/minicpm_vision/patches_per_token", INT)
+MINICPM_VISION_GRID_MULTIPLE = Key("ovbuild/minicpm_vision/grid_multiple", INT)
+
+
+@dataclass(frozen=True)
+class MiniCPMVisionIR(Record):
+    """A MiniCPM-V 4.7 vision tower IR: what a caller needs to pack its images (`patch_size`, `num_channels`, every
+    grid side a multiple of `grid_multiple`) and to count their placeholders (h * w / `patches_per_token`);
+    `hidden_size` is the language model's, the width of each output token."""
+
+    FIXED = _identity("vision")
+
+    patch_size: int = rt(MINICPM_VISION_PATCH_SIZE, required=True)
+    num_channels: int = rt(MINICPM_VISION_CHANNELS, required=True)
+    downsample_mode: str = rt(MINICPM_VISION_MODE, required=True)
+    patches_per_token: int = rt(MINICPM_VISION_PATCHES_PER_TOKEN, required=True)
+    grid_multiple: int = rt(MINICPM_VISION_GRID_MULTIPLE, required=True)
+    hidden_size: int | None = rt(HIDDEN_SIZE)
+    family: str | None = rt(FAMILY, "minicpmv4_7")

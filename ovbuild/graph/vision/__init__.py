@@ -1,0 +1,1 @@
+"""Vision towers: one module per family, each building an IR that encodes several images packed into one call."""
