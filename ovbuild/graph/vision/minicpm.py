@@ -176,7 +176,7 @@ def build_minicpm_vision(
     sizes = parameter(MINICPM_TARGET_SIZES, [-1, 2])
     hidden, merged_sizes = vision_tower(ctx, pixel_values.output(0), sizes.output(0))
     embeds, final_sizes = merger(ctx, hidden, merged_sizes)
-    counts = token_counts(final_sizes, "image_token_counts")
+    counts = token_counts(final_sizes, "merger/token_counts")
     model = ov.Model(
         [result(embeds, IMAGE_EMBEDS), result(counts, IMAGE_TOKEN_COUNTS)], [pixel_values, sizes], "minicpm_vision"
     )
