@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ovbuild.errors import ConfigError, TensorError, UnsupportedError
+from ovbuild.errors import ConfigError, RequestError, TensorError, UnsupportedError
 from ovbuild.graph.vision.minicpm import build_minicpm_vision
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import MiniCPMVisionIR, core
@@ -171,3 +171,21 @@ def test_node_names_are_unique_paths_and_int8_stays_close(folders):
     embeds, _ = run(model, pv, SIZES)
     err = nmse(embeds, np.concatenate(image_features(cfg, load_arrays(weights), pv, np.array(SIZES))))
     assert err < 1e-3, f"int8 weights: image embeddings NMSE {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("shape", "sizes", "named"),
+    [
+        ((1, 3, 2, 2 * 96), [(8, 12), (6, 8)], "target_sizes"),  # 6 is not a multiple of 4 (16x)
+        ((1, 3, 2, 2 * 95), [(8, 12)], "pixel_values"),  # one patch short
+        ((3, 2, 2 * 96), [(8, 12)], "pixel_values"),  # no leading 1
+        ((1, 3, 2, 0), [], "target_sizes"),
+    ],
+)
+def test_the_record_refuses_inputs_the_ir_cannot_encode(folders, shape, sizes, named):
+    cfg, weights = load_minicpm_vision(Checkpoint.open(folders["1b"]))
+    record = MiniCPMVisionIR.from_model(build_minicpm_vision(cfg, weights))
+    record.check_inputs((1, 3, 2, 2 * 96), [(8, 12)])
+    with pytest.raises(RequestError, match=named) as caught:
+        record.check_inputs(shape, sizes)
+    assert caught.value.param == named

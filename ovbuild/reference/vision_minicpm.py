@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ovbuild.weights.vision_minicpm import MiniCPMVisionConfig, MiniCPMVisionWeights
+from ovbuild.weights.vision_minicpm import MiniCPMVisionConfig, MiniCPMVisionWeights, tensor_params
 
 
 def load_arrays(weights: MiniCPMVisionWeights) -> dict[str, np.ndarray]:
@@ -19,7 +19,7 @@ def load_arrays(weights: MiniCPMVisionWeights) -> dict[str, np.ndarray]:
     return {
         f"{n}.{p}": np.asarray(weights.get(n, p).to_f32(), np.float64)
         for n in weights.canonical_names()
-        for p in weights.params(n)
+        for p in tensor_params(n)
     }
 
 

@@ -17,7 +17,13 @@ from ovbuild.testing.tiny import random_tensor
 from ovbuild.testing.tiny_moe import MINICPMV_TEXT, MINICPMV_TOP, write_tiny_minicpmv
 from ovbuild.weights.safetensors_file import write_safetensors
 from ovbuild.weights.tensor import WeightTensor
-from ovbuild.weights.vision_minicpm import MiniCPMVisionWeights, parse_minicpm_vision
+from ovbuild.weights.vision_minicpm import (
+    canonical_names,
+    parse_minicpm_vision,
+    tensor_name,
+    tensor_params,
+    tensor_shape,
+)
 
 TINY_MINICPM_VISION = dict(
     model_type="minicpmv4_7_vision",
@@ -55,22 +61,20 @@ def tiny_minicpm_config(kind: str = "1b", top: dict | None = None, vision: dict 
 def vision_tensors(config: dict, seed: int) -> dict[str, np.ndarray]:
     """Random values for every vision tensor `config` asks for, named and shaped as published."""
     cfg = parse_minicpm_vision(config, "config.json")
-    table = MiniCPMVisionWeights(None, cfg)  # names and shapes only
     rng = np.random.default_rng(seed)
     tensors = {}
-    for name in table.canonical_names():
-        for param in table.params(name):
-            shape = table.shape(name, param)
+    for name in canonical_names(cfg.with_mode("16x")):  # the window merger's tensors are there in either mode
+        for param in tensor_params(name):
+            shape = tensor_shape(cfg, name, param)
             if param == "bias":
-                tensors[table.name(name, param)] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+                value = 0.1 * rng.standard_normal(shape)
             elif name == "patch_embedding":  # fan-in is C*p*p, not the last axis
-                tensors[table.name(name, param)] = (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(
-                    np.float32
-                )
+                value = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
             elif name == "position_embedding":
-                tensors[table.name(name, param)] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+                value = 0.5 * rng.standard_normal(shape)
             else:
-                tensors[table.name(name, param)] = random_tensor(rng, shape)
+                value = random_tensor(rng, shape)
+            tensors[tensor_name(name, param)] = np.asarray(value, np.float32)
     return tensors
 
 

@@ -181,6 +181,52 @@ def _pair(reader: ConfigReader, key: str, default: tuple[int, int]) -> tuple[int
     return (value[0], value[1])
 
 
+def tensor_name(canonical: str, param: str = "weight") -> str:
+    """The checkpoint name of `canonical`'s `param` (weight or bias): `layers.3.fc1` ->
+    `model.vision_tower.encoder.layers.3.mlp.fc1.weight`."""
+    parts = canonical.split(".")
+    index = next((p for p in parts if p.isdigit()), None)
+    key = ".".join(("{i}" if parts[0] == "layers" else "{m}") if p.isdigit() else p for p in parts)
+    if key not in TENSORS:
+        raise TensorError(f"no MiniCPM-V vision tensor '{canonical}' in the name table")
+    return f"{TENSORS[key].format(i=index, m=index)}.{param}"
+
+
+def tensor_shape(cfg: MiniCPMVisionConfig, canonical: str, param: str = "weight") -> tuple[int, ...]:
+    """The shape `canonical`'s `param` has under `cfg` (the published modules' shapes)."""
+    d, i, p = cfg.hidden_size, cfg.intermediate_size, cfg.patch_size
+    wd, wi = d * cfg.window_kernel**2, i * cfg.window_kernel**2
+    last = canonical.split(".")[-1]
+    if canonical == "patch_embedding":
+        return (d, cfg.num_channels, p, p) if param == "weight" else (d,)
+    if canonical == "position_embedding":
+        return (cfg.positions_per_side**2, d)
+    if canonical.startswith("merger."):
+        inner, out = cfg.merger_widths()[int(canonical.split(".")[1])]
+        rows = {"pre_norm": (inner,), "linear_1": (inner, inner), "linear_2": (out, inner)}[last]
+    else:
+        matrices = {"fc1": (i, d), "fc2": (d, i), "linear_1": (wi, wd), "linear_2": (d, wi), "pre_norm": (wd,)}
+        rows = matrices.get(last) or ((d, d) if last in LINEARS else (d,))
+    return rows if param == "weight" or len(rows) == 1 else rows[:1]  # a bias has the output width
+
+
+def canonical_names(cfg: MiniCPMVisionConfig) -> list[str]:
+    """Every canonical tensor the tower `cfg` describes reads, in build order (4x never reads the window merger)."""
+    names = ["patch_embedding", "position_embedding"]
+    layer = ("layer_norm1", *LINEARS, "layer_norm2", "fc1", "fc2")
+    names += [f"layers.{n}.{t}" for n in range(cfg.num_layers) for t in layer]
+    if cfg.uses_window_merger:
+        names += [f"window.{t}" for t in ("layer_norm1", *LINEARS, "pre_norm", "linear_1", "linear_2")]
+    names.append("post_layernorm")
+    names += [f"merger.{m}.{t}" for m in range(cfg.merger_times) for t in ("pre_norm", "linear_1", "linear_2")]
+    return names
+
+
+def tensor_params(canonical: str) -> tuple[str, ...]:
+    """The parameters `canonical` holds."""
+    return PARAMS.get(canonical, ("weight", "bias"))
+
+
 class MiniCPMVisionWeights:
     """Reads the vision tensors of one checkpoint by canonical name (`layers.3.fc1`, `merger.0.linear_1`), each
     shape-checked against the config; a missing or misshaped tensor raises TensorError naming it."""
@@ -188,52 +234,12 @@ class MiniCPMVisionWeights:
     def __init__(self, checkpoint: Checkpoint, cfg: MiniCPMVisionConfig):
         self.checkpoint, self.cfg = checkpoint, cfg
 
-    def name(self, canonical: str, param: str = "weight") -> str:
-        """The checkpoint name of `canonical`'s `param` (weight or bias)."""
-        parts = canonical.split(".")
-        index = next((p for p in parts if p.isdigit()), None)
-        key = ".".join(("{i}" if parts[0] == "layers" else "{m}") if p.isdigit() else p for p in parts)
-        if key not in TENSORS:
-            raise TensorError(f"{self.checkpoint.source}: no vision tensor '{canonical}' in the name table")
-        return f"{TENSORS[key].format(i=index, m=index)}.{param}"
-
     def get(self, canonical: str, param: str = "weight") -> WeightTensor:
         """Tensor `param` of `canonical` as stored, shape-checked."""
-        return self.checkpoint.get(self.name(canonical, param), self.shape(canonical, param))
-
-    def shape(self, canonical: str, param: str = "weight") -> tuple[int, ...]:
-        """The shape `canonical`'s `param` must have under this config (the published modules' shapes)."""
-        c = self.cfg
-        d, i, p = c.hidden_size, c.intermediate_size, c.patch_size
-        wd, wi = d * c.window_kernel**2, i * c.window_kernel**2
-        last = canonical.split(".")[-1]
-        if canonical == "patch_embedding":
-            return (d, c.num_channels, p, p) if param == "weight" else (d,)
-        if canonical == "position_embedding":
-            return (c.positions_per_side**2, d)
-        if canonical.startswith("merger."):
-            inner, out = c.merger_widths()[int(canonical.split(".")[1])]
-            rows = {"pre_norm": (inner,), "linear_1": (inner, inner), "linear_2": (out, inner)}[last]
-            return rows if param == "weight" or len(rows) == 1 else rows[:1]
-        matrices = {"fc1": (i, d), "fc2": (d, i), "linear_1": (wi, wd), "linear_2": (d, wi)}
-        rows = matrices.get(last) or {"pre_norm": (wd,)}.get(last) or ((d, d) if last in LINEARS else (d,))
-        return rows if param == "weight" or len(rows) == 1 else rows[:1]
+        return self.checkpoint.get(tensor_name(canonical, param), tensor_shape(self.cfg, canonical, param))
 
     def canonical_names(self) -> list[str]:
-        """Every canonical tensor the configured tower reads, in build order."""
-        c = self.cfg
-        names = ["patch_embedding", "position_embedding"]
-        layer = ("layer_norm1", *LINEARS, "layer_norm2", "fc1", "fc2")
-        names += [f"layers.{n}.{t}" for n in range(c.num_layers) for t in layer]
-        if c.uses_window_merger:
-            names += [f"window.{t}" for t in ("layer_norm1", *LINEARS, "pre_norm", "linear_1", "linear_2")]
-        names.append("post_layernorm")
-        names += [f"merger.{m}.{t}" for m in range(c.merger_times) for t in ("pre_norm", "linear_1", "linear_2")]
-        return names
-
-    def params(self, canonical: str) -> tuple[str, ...]:
-        """The parameters `canonical` holds."""
-        return PARAMS.get(canonical, ("weight", "bias"))
+        return canonical_names(self.cfg)
 
 
 def load_minicpm_vision(checkpoint: Checkpoint, downsample_mode: str | None = None):
