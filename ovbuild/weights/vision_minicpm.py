@@ -242,7 +242,9 @@ class MiniCPMVisionWeights:
         return canonical_names(self.cfg)
 
 
-def load_minicpm_vision(checkpoint: Checkpoint, downsample_mode: str | None = None):
+def load_minicpm_vision(
+    checkpoint: Checkpoint, downsample_mode: str | None = None
+) -> tuple[MiniCPMVisionConfig, MiniCPMVisionWeights]:
     """(config, weights) of a MiniCPM-V 4.7 checkpoint's vision side; `downsample_mode` overrides the config's."""
     cfg = parse_minicpm_vision(checkpoint.config, str(checkpoint.config_path))
     if downsample_mode is not None:
