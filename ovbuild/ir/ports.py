@@ -111,6 +111,11 @@ PIXEL_VALUES = Port("pixel_values", f32, 2, Role.VISION)
 GRID_THW = Port("grid_thw", i64, 2, Role.VISION)
 IMAGE_EMBEDS = Port("image_embeds", f32, 2, Role.VISION)
 
+# MiniCPM-V 4.7 vision tower (graph/vision/minicpm.py): N images of h_i x w_i patches, L = sum h_i * w_i.
+MINICPM_PIXEL_VALUES = Port("pixel_values", f32, 4, Role.VISION)  # [1, C, p, L * p]: patches side by side
+MINICPM_TARGET_SIZES = Port("target_sizes", i64, 2, Role.VISION)  # [N, 2]: each image's (h, w) in patches
+IMAGE_TOKEN_COUNTS = Port("image_token_counts", i64, 1, Role.VISION)  # [N]: tokens of each image
+
 PORTS: tuple[Port, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Port))
 ROW_INPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.ROW)
 INDEX_INPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.INDEX)
