@@ -30,12 +30,12 @@ from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.runtime import draft_step
-from ovbuild.runtime.drafters import BlockDrafter, Proposal
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import eos_token_ids
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import Speculation
+from ovbuild.runtime.speculation.drafters import BlockDrafter, Proposal
+from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.runtime.structured.grammar import Grammars
 from ovbuild.runtime.structured.spec import Constraint
 from ovbuild.targets import load_target

@@ -13,10 +13,10 @@ import jsonschema
 import numpy as np
 import pytest
 
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import FinishReason, GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.runtime.structured.grammar import Grammars
 from ovbuild.runtime.structured.spec import Constraint
 from ovbuild.testing import TINY_TARGET

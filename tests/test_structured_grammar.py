@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import GrammarError, RequestError
-from ovbuild.runtime.drafters.base import Proposal
-from ovbuild.runtime.request import FinishReason
-from ovbuild.runtime.sampling import SamplingParams
+from ovbuild.runtime.decode.sampling import SamplingParams
+from ovbuild.runtime.speculation.drafters.base import Proposal
 from ovbuild.runtime.structured.grammar import Grammars, start_constraint
+from ovbuild.runtime.structured.rows import ConstrainedRows
 from ovbuild.runtime.structured.spec import Constraint, check_logit_bias
+from ovbuild.runtime.structured.state import COMPLETE, DEAD_END
 from ovbuild.testing.tokenizer import EOS_ID, write_tokenizer
 
 VOCAB = 300  # the model's vocabulary is wider than the tokenizer's 258 ids, as Qwen3's is
@@ -48,7 +49,7 @@ def test_each_kind_compiles_and_accepts_its_language(grammars):
     for constraint, text in cases:
         state = start_constraint(grammars, constraint, ())
         kept, reason = state.advance(ids(text))
-        assert kept == ids(text) and reason in (None, FinishReason.STOP), (constraint.kind, reason)
+        assert kept == ids(text) and reason in (None, COMPLETE), (constraint.kind, reason)
         assert state.matcher.is_accepting(), f"{constraint.kind}: {text!r} leaves the grammar unfinished"
 
 
@@ -85,13 +86,13 @@ def test_logit_bias_checks():
 def test_rows_masked_after_each_draft_token_and_rolled_back(grammars):
     state = start_constraint(grammars, Constraint("regex", "ab|ac|bd"), ((ord("z"), 5.0),))
     logits = np.zeros((3, VOCAB), np.float32)
-    rows = state.rows(logits, ids("ab"))
+    rows = ConstrainedRows(logits, state, ids("ab"))
     assert set(np.flatnonzero(np.isfinite(rows[0]))) == set(ids("ab"))
     assert set(np.flatnonzero(np.isfinite(rows[1]))) == set(ids("bc"))  # after "a"
     assert set(np.flatnonzero(np.isfinite(rows[2]))) == {EOS_ID}  # after "ab": the grammar is complete
     rows.close()
     assert allowed(state) == set(ids("ab")), "reading the rows left the matcher past the draft"
-    free = start_constraint(grammars, None, ((ord("z"), 5.0),)).rows(logits)
+    free = ConstrainedRows(logits, start_constraint(grammars, None, ((ord("z"), 5.0),)), [])
     assert free[0][ord("z")] == 5.0 and np.isfinite(free[0]).all(), "logit bias alone masks nothing"
 
 
@@ -120,17 +121,19 @@ def test_sampled_proposal_redrawn_from_masked_q_under_rejection(grammars):
 
 def test_advance_stops_when_the_grammar_ends_and_refuses_outside_it(grammars):
     done = start_constraint(grammars, Constraint.choice(["yes"]), ())
-    assert done.advance(ids("yes") + ids("!")) == (ids("yes"), FinishReason.STOP)
+    assert done.advance(ids("yes") + ids("!")) == (ids("yes"), COMPLETE)
     bad = start_constraint(grammars, Constraint("regex", "a+b"), ())
-    assert bad.advance(ids("ax")) == (ids("a"), FinishReason.GRAMMAR), "a refused token ends an unfinished grammar"
+    assert bad.advance(ids("ax")) == (ids("a"), DEAD_END), "a refused token ends an unfinished grammar"
 
 
 def test_reasoning_gate_frees_the_thinking(grammars):
     state = start_constraint(grammars, Constraint("regex", "[0-9]+", after="</think>"), ())
-    assert state.rows(np.zeros((1, VOCAB), np.float32))[0].min() == 0, "a row inside the thinking is masked"
+    assert ConstrainedRows(np.zeros((1, VOCAB), np.float32), state, [])[0].min() == 0, (
+        "a row inside the thinking is masked"
+    )
     kept, reason = state.advance(ids("hmm </th"))
     assert kept == ids("hmm </th") and reason is None and not state.open
-    rows = state.rows(np.zeros((5, VOCAB), np.float32), ids("ink>"))
+    rows = ConstrainedRows(np.zeros((5, VOCAB), np.float32), state, ids("ink>"))
     assert np.isfinite(rows[3]).all(), "the row that completes the marker is still free"
     assert set(np.flatnonzero(np.isfinite(rows[4]))) == set(ids("0123456789")), "the row after the marker is free"
     rows.close()

@@ -11,17 +11,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ovbuild.runtime.detokenizer import Detokenizer
-from ovbuild.runtime.logprobs import token_logprob
-from ovbuild.runtime.penalties import PenalizedRows
+from ovbuild.runtime.decode.detokenizer import Detokenizer
+from ovbuild.runtime.decode.logprobs import token_logprob
+from ovbuild.runtime.decode.penalties import PenalizedRows
+from ovbuild.runtime.decode.verify import verify_sampled
 from ovbuild.runtime.request import FinishReason, Request, Status
-from ovbuild.runtime.verify import verify_sampled
+from ovbuild.runtime.structured.rows import ConstrainedRows
+from ovbuild.runtime.structured.state import COMPLETE
 
 
 def verified_tokens(request: Request, greedy: list[int], logits: np.ndarray) -> list[int]:
     """The tokens a decoding request commits from its verification rows [anchor, d1..dk]: the accepted draft tokens,
-    then the target's own (greedy: its argmax; sampling: ovbuild.runtime.verify). greedy: the in-graph argmax of each
-    row; logits [k + 1, V]."""
+    then the target's own (greedy: its argmax; sampling: ovbuild.runtime.decode.verify). greedy: the in-graph argmax of
+    each row; logits [k + 1, V]."""
     proposal, sampling = request.proposal, request.config.sampling
     rows = constrained(request, penalized(request, logits, proposal), logits, proposal)
     try:
@@ -79,7 +81,7 @@ def append_tokens(
             request.text, request.finish_reason = text, FinishReason.STOP_STRING
             del request.logprobs[len(request.generated) :]  # those of the tokens cut with the stop string
     if request.finish_reason is None and ended is not None:
-        request.finish_reason = ended
+        request.finish_reason = FinishReason.STOP if ended == COMPLETE else FinishReason.GRAMMAR
     if request.finish_reason is not None:
         request.status = Status.FINISHED
 
@@ -110,4 +112,4 @@ def constrained(request: Request, rows: PenalizedRows | None, logits: np.ndarray
     `rows` as they were."""
     if request.constraint is None:
         return rows
-    return request.constraint.rows(logits if rows is None else rows, draft)
+    return ConstrainedRows(logits if rows is None else rows, request.constraint, list(draft))

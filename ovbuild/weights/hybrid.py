@@ -2,8 +2,9 @@
 
 Published checkpoints (Qwen3.5 / 3.6 / 3.8 dense, `model_type` qwen3_5) are vision-language models: config.json
 nests the language model under `text_config` and the weights under `model.language_model.`; the vision tower
-(`vision_config`, `model.visual.*`) and the multi-token-prediction head (`mtp.*`) are ignored, so image input is not
-supported. A text-only checkpoint (`qwen3_5_text`, Qwen3_5ForCausalLM) is flat with weights under `model.`.
+(`vision_config`, `model.visual.*`) is read by `vision_qwen.py` into an IR of its own, and the multi-token-prediction
+head (`mtp.*`) is ignored. A text-only checkpoint (`qwen3_5_text`, Qwen3_5ForCausalLM) is flat with weights under
+`model.`.
 """
 
 from __future__ import annotations

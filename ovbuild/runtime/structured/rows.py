@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 
 class ConstrainedRows:
-    """Rows [k + 1, V] (logits or penalized rows) read through a request's constraint; `close` rolls the matcher back
-    over the draft tokens reading consumed."""
+    """Rows [k + 1, V] (logits or penalized rows) read through a request's constraint, row j after draft[:j];
+    `close` rolls the matcher back over the draft tokens reading consumed (call it once the rows are read)."""
 
     def __init__(self, logits, constraint: OutputConstraint, draft: list[int]):
         self.logits, self.constraint, self.draft = logits, constraint, draft

@@ -2,8 +2,8 @@
 reasoning gate (the constraint starts after a marker such as "</think>").
 
 Where a token is chosen (a decode row, each verification row, the first token after the prompt) the row is read
-through `rows`: biased, and masked to the tokens the grammar allows after the tokens before that row (verification
-row j after draft tokens d1..dj-1). Draft proposals are masked the same way before they are verified
+through `ConstrainedRows` (rows.py): biased, and masked to the tokens the grammar allows after the tokens before that
+row (verification row j after draft tokens d1..dj-1). Draft proposals are masked the same way before they are verified
 (`allowed_proposal`): a draft never proposes a forbidden token. A sampled proposal is redrawn from its masked
 distribution, which is then the q its verification reads (the rejection rule is exact for any proposal distribution,
 but it must see the one the tokens were drawn from). After verification the matcher consumes the committed tokens
@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from ovbuild.runtime.drafters.base import Proposal
-from ovbuild.runtime.request import FinishReason, Request
-from ovbuild.runtime.sampling import SamplingParams, position_uniforms, race
-from ovbuild.runtime.structured.rows import ConstrainedRows
+from ovbuild.runtime.decode.sampling import SamplingParams, position_uniforms, race
+from ovbuild.runtime.speculation.drafters.base import Proposal
+
+COMPLETE, DEAD_END = "complete", "dead_end"  # why a constraint ends its request (commit.py maps them to finish reasons)
 
 
 class OutputConstraint:
@@ -53,11 +53,6 @@ class OutputConstraint:
         return None
 
     # -- rows ----------------------------------------------------------------------------------------------------
-
-    def rows(self, logits, draft: list[int] = ()) -> ConstrainedRows:
-        """Rows [k + 1, V] (an array or penalized rows) read biased and masked; row j after draft[:j]. Close it
-        (`ConstrainedRows.close`) once read: it rolls the matcher back over the draft tokens it consumed."""
-        return ConstrainedRows(logits, self, list(draft))
 
     def mask(self) -> np.ndarray | None:
         """The tokens the matcher allows now, as a bool [V]; None when it allows none (a dead end)."""
@@ -133,10 +128,10 @@ class OutputConstraint:
 
     # -- after verification --------------------------------------------------------------------------------------
 
-    def advance(self, tokens: list[int]) -> tuple[list[int], FinishReason | None]:
-        """Consume committed tokens: returns those kept and, when the constraint ends the request, why: STOP when the
-        grammar is complete (its last token kept), else GRAMMAR when a token was refused (a row that allowed none:
-        the request stops before it, with what it has)."""
+    def advance(self, tokens: list[int]) -> tuple[list[int], str | None]:
+        """Consume committed tokens: returns those kept and, when the constraint ends the request, why: COMPLETE
+        when the grammar is complete (its last token kept), else DEAD_END when a token was refused (a row that
+        allowed none: the request stops before it, with what it has)."""
         start = self.opens_at(tokens)
         if start is None or self.matcher is None:
             self._remember(tokens)
@@ -145,19 +140,11 @@ class OutputConstraint:
             self.open, self.recent = True, []
         for i in range(start, len(tokens)):
             if not self.accepts(tokens[i]):
-                reason = FinishReason.STOP if self.matcher.is_accepting() else FinishReason.GRAMMAR
-                return tokens[:i], reason
+                return tokens[:i], COMPLETE if self.matcher.is_accepting() else DEAD_END
             self.matcher.consume_token(tokens[i])
             if self.matcher.is_stopped():
-                return tokens[: i + 1], FinishReason.STOP
+                return tokens[: i + 1], COMPLETE
         return tokens, None
 
     def _remember(self, tokens: list[int]) -> None:
         self.recent = (self.recent + list(tokens))[-len(self.gate) :] if self.gate else []
-
-
-def allowed_proposal(request: Request, proposal: Proposal) -> Proposal:
-    """A request's draft proposal as its constraint allows it (the proposal itself when it has none)."""
-    if request.constraint is None:
-        return proposal
-    return request.constraint.allowed_proposal(proposal, request.config.sampling, len(request.generated))
