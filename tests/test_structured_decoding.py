@@ -205,3 +205,15 @@ def test_a_grammar_that_ends_finishes_with_stop_and_the_engine_goes_on(models, g
     s.run()
     assert done.finish_reason is FinishReason.STOP and text(done) in CHOICES
     assert free.finish_reason is FinishReason.LENGTH and len(free.generated) == 20
+
+
+def test_a_row_the_grammar_allows_nothing_in_ends_that_request_alone(models, grammars):
+    """A dead end (a mask with no token, which llguidance never leaves unless broken: simulated here) ends its request
+    with FinishReason.GRAMMAR and the tokens it had; the engine and the other request go on."""
+    s = Scheduler(PagedModel(models[0], **F32), grammars=grammars)
+    stuck = s.add_request([4, 5, 6], config(Constraint("regex", "q{30}")))
+    free = s.add_request([4, 5, 6], config(None, max_new_tokens=10))
+    stuck.constraint.mask = lambda: None
+    s.run()
+    assert stuck.finish_reason is FinishReason.GRAMMAR and set(stuck.generated) <= {ord("q")}
+    assert free.finish_reason is FinishReason.LENGTH and len(free.generated) == 10
