@@ -20,7 +20,8 @@ from ovbuild.serve.server import BackgroundServer, build_app
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
-lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the lmeval extra: pip install 'ovbuild[lmeval]'")
+# lm-evaluation-harness is the lmeval extra (not in `test`: see pyproject.toml): pip install "ovbuild[lmeval]"
+pytest.importorskip("lm_eval", reason="needs the lmeval extra: pip install 'ovbuild[lmeval]'")
 
 F32_TARGET = RuntimeOptions(target=ModelOptions("f32", None, EXACT_TARGET.cache_mb))
 PAIRS = [
@@ -108,7 +109,7 @@ def test_generate_until_equals_the_target_alone(tmp_path, demo_server, demo_pipe
     assert "" in expected or until != ["\n"], "no prompt's answer starts with the stop string"
     docs = [{"prompt": p, "target": t} for p, t in zip(PROMPTS, expected, strict=True)]
     kwargs = json.dumps({"until": until, "max_gen_toks": MAX_GEN, "do_sample": False})
-    spec = f'output_type: generate_until\ndoc_to_text: "{{{{prompt}}}}"\ndoc_to_target: "{{{{target}}}}"\n'
+    spec = 'output_type: generate_until\ndoc_to_text: "{{prompt}}"\ndoc_to_target: "{{target}}"\n'
     spec += f"generation_kwargs: {kwargs}\nmetric_list:\n  - metric: exact_match\n"
     write_task(tmp_path, "ovbuild_gen", docs, spec)
     results = evaluate(tmp_path, "local-completions", demo_server.url, "demo", ["ovbuild_gen"])
@@ -127,7 +128,7 @@ def test_local_chat_completions_on_the_demo_pair(tmp_path, demo_server, demo_pai
     expected = [r.text for r in requests]
     docs = [{"question": q, "target": t} for q, t in zip(questions, expected, strict=True)]
     kwargs = json.dumps({"until": ["\n"], "max_gen_toks": MAX_GEN, "do_sample": False})
-    spec = f'output_type: generate_until\ndoc_to_text: "{{{{question}}}}"\ndoc_to_target: "{{{{target}}}}"\n'
+    spec = 'output_type: generate_until\ndoc_to_text: "{{question}}"\ndoc_to_target: "{{target}}"\n'
     spec += f"generation_kwargs: {kwargs}\nmetric_list:\n  - metric: exact_match\n"
     write_task(tmp_path, "ovbuild_chat", docs, spec)
     results = evaluate(tmp_path, "local-chat-completions", demo_server.url, "demo", ["ovbuild_chat"], chat=True)
