@@ -68,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from ovbuild.serve.server import build_app
 
     if args.replicas is not None:
+        from ovbuild.errors import UnsupportedError
         from ovbuild.serve.ray_cli import serve_on_ray
+
+        if args.per_request_spec_decode_metrics:
+            raise UnsupportedError("--per-request-spec-decode-metrics is not supported with --replicas")
 
         return serve_on_ray(args, runtime_options(args))
 
