@@ -47,8 +47,9 @@ def test_acceptance_stays_above_the_floor_and_output_is_lossless(demo_pipeline):
     assert tau >= ACCEPTANCE_FLOOR, f"mean acceptance length {tau:.2f} fell below {ACCEPTANCE_FLOOR}"
 
 
-# a stop string early (the whole text is decoded) and late (only the tail is decoded until the stop string shows)
-@pytest.mark.parametrize("at", [5, 40])
+# a stop string at the very start (the text is "", not the tokens decoded again), early (the whole text is decoded)
+# and late (only the tail is decoded until the stop string shows)
+@pytest.mark.parametrize("at", [0, 5, 40])
 def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(demo_pipeline, at):
     prompt = demo_pipeline.encode(DEMO_PROMPTS[0])
 
