@@ -22,6 +22,7 @@ from ovbuild.families import declared_family, family_builder
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.graph.target import build_target
+from ovbuild.graph.vision.minicpm import build_minicpm_vision
 from ovbuild.graph.vision.qwen3_5 import build_qwen_vision
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import MODEL_STEM
@@ -34,6 +35,8 @@ from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
 from ovbuild.weights.target import QWEN3_LAYOUT, TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
+from ovbuild.weights.vision_minicpm import ARCHITECTURE as MINICPMV4_7, MiniCPMVisionConfig, MiniCPMVisionWeights
+from ovbuild.weights.vision_minicpm import load_minicpm_vision
 from ovbuild.weights.vision_qwen import QWEN_VISION_ARCHITECTURES, load_qwen_vision
 
 # Every IR of a target folder keyed by file stem, from (config, weights, the layers tapped for a draft, policy).
@@ -127,7 +130,25 @@ QWEN3_5_VISION = VisionTower(
     load=load_qwen_vision,
     build=build_qwen_vision,
 )
-VISION_TOWERS: tuple[VisionTower, ...] = (QWEN3_5_VISION,)
+
+
+def _load_minicpm(checkpoint: Checkpoint) -> tuple[MiniCPMVisionConfig, WeightSource]:
+    # the config's downsample_mode: one IR per mode (the other mode is a second build)
+    cfg, weights = load_minicpm_vision(checkpoint)
+    return cfg, weights.source
+
+
+def _build_minicpm(cfg: MiniCPMVisionConfig, weights: WeightSource, policy: WeightPolicy) -> ov.Model:
+    return build_minicpm_vision(cfg, MiniCPMVisionWeights(weights, cfg), policy)
+
+
+MINICPMV4_7_VISION = VisionTower(
+    name="minicpmv4_7_vision",  # SigLIP-style tower, window merger and downsampling merger (1B and 35B-A3B alike)
+    architectures=(MINICPMV4_7,),
+    load=_load_minicpm,
+    build=_build_minicpm,
+)
+VISION_TOWERS: tuple[VisionTower, ...] = (QWEN3_5_VISION, MINICPMV4_7_VISION)
 VISION_BY_ARCHITECTURE: dict[str, VisionTower] = {a: v for v in VISION_TOWERS for a in v.architectures}
 
 
