@@ -29,7 +29,8 @@ from ovbuild.ir import MODEL_STEM
 from ovbuild.ir.ports import CONV_STATE, RECURRENT_STATE, Port
 from ovbuild.testing.tiny import write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
-from ovbuild.testing.tiny_moe import write_tiny_minicpmv, write_tiny_moe_target
+from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
+from ovbuild.testing.tiny_moe import write_tiny_moe_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
@@ -86,8 +87,9 @@ QWEN3_5 = TargetFamily(
         "qwen3_5_text": partial(write_tiny_hybrid_target, text_only=True),
         "qwen3_5_moe": write_tiny_moe_target,
         "qwen3_5_moe_per_expert": partial(write_tiny_moe_target, per_expert=True),
-        "minicpmv4_7_1b": partial(write_tiny_minicpmv, kind="1b"),
-        "minicpmv4_7_a3b": partial(write_tiny_minicpmv, kind="a3b"),
+        # the vision-language checkpoints whole: the export writes their vision tower beside the target
+        "minicpmv4_7_1b": partial(write_tiny_minicpm_vision, kind="1b"),
+        "minicpmv4_7_a3b": partial(write_tiny_minicpm_vision, kind="a3b"),
     },
 )
 
