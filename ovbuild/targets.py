@@ -36,8 +36,8 @@ from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
 from ovbuild.weights.target import QWEN3_LAYOUT, TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
-from ovbuild.weights.vision_minicpm import ARCHITECTURE as MINICPMV4_7, MiniCPMVisionConfig, MiniCPMVisionWeights
-from ovbuild.weights.vision_minicpm import load_minicpm_vision
+from ovbuild.weights.vision_minicpm import ARCHITECTURE as MINICPMV4_7
+from ovbuild.weights.vision_minicpm import MiniCPMVisionConfig, MiniCPMVisionWeights, load_minicpm_vision
 from ovbuild.weights.vision_qwen import QWEN_VISION_ARCHITECTURES, load_qwen_vision
 
 # Every IR of a target folder keyed by file stem, from (config, weights, the layers tapped for a draft, policy).

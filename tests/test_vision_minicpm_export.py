@@ -21,8 +21,8 @@ from export_helpers import ovbuild
 
 # (h, w) patch grids packed into one call: taller than wide, wider than tall, small, larger than the position table.
 SIZES = [(8, 12), (12, 8), (4, 4), (20, 16)]
-# name -> (kind, config's downsample_mode, weight format of the target)
-EXPORTS = {"1b": ("1b", "16x", "keep"), "a3b": ("a3b", "16x", "int8"), "1b_4x": ("1b", "4x", "keep")}
+# name -> (kind, config's downsample_mode, weight format of the target, seed)
+EXPORTS = {"1b": ("1b", "16x", "keep", 7), "a3b": ("a3b", "16x", "int8", 8), "1b_4x": ("1b", "4x", "keep", 9)}
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def folders(tmp_path_factory):
     """name -> (checkpoint, exported folder)."""
     root = tmp_path_factory.mktemp("minicpm_export")
     out = {}
-    for name, (kind, mode, weight_format) in EXPORTS.items():
-        ckpt = write_tiny_minicpm_vision(root / f"{name}_ckpt", kind, seed=7, top={"downsample_mode": mode})
+    for name, (kind, mode, weight_format, seed) in EXPORTS.items():
+        ckpt = write_tiny_minicpm_vision(root / f"{name}_ckpt", kind, seed=seed, top={"downsample_mode": mode})
         out[name] = (ckpt, export(ckpt, root / name, weight_format=weight_format, quiet=True).out)
     return out
 

@@ -319,7 +319,9 @@ class VisionIR(Record):
     @property
     def inputs(self) -> tuple[str, str]:
         """The IR's (pixels, grids) input names."""
-        return (PIXEL_VALUES, GRID_THW) if self.temporal_patch_size is not None else (MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES)
+        if self.temporal_patch_size is not None:  # the Qwen3.5 family's layout
+            return PIXEL_VALUES, GRID_THW
+        return MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES
 
     def check_inputs(self, pixel_shape: tuple[int, ...], grid: Sequence[Sequence[int]]) -> int:
         """The tokens the call gives; a RequestError naming the input for one this IR cannot encode: every grid

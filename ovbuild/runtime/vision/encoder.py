@@ -100,4 +100,3 @@ class VisionEncoder:
         pixel_port, grid_port = self.record.inputs
         outputs = self.request.infer({pixel_port: pixels, grid_port: grid})
         return np.array(outputs[self.compiled.output(IMAGE_EMBEDS)], dtype=np.float32, copy=True)
-
