@@ -44,7 +44,8 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "runtime.decode": set(),
     "runtime.model": {"runtime.cache"},
     "runtime.speculation": {"runtime.cache", "runtime.decode", "runtime.model"},
-    "runtime": {"runtime.cache", "runtime.decode", "runtime.model", "runtime.speculation"},
+    "runtime.vision": {"runtime.model"},  # the device check; nothing of the requests or the scheduler
+    "runtime": {"runtime.cache", "runtime.decode", "runtime.model", "runtime.speculation", "runtime.vision"},
 }
 
 
