@@ -30,7 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "export": {"version", "errors", "signals", "ir", "weights", "graph", "families", "targets"},
     "testing": {"errors", "ir", "weights", "reference", "runtime"},
     "llm": {"errors", "runtime"},
-    "serve": {"errors", "signals", "ir", "runtime"},  # signals: the Ray CLI restores its SIGTERM handling
+    # signals: the Ray CLI restores its SIGTERM handling; version: GET /version
+    "serve": {"version", "errors", "signals", "ir", "runtime"},
     "processor": {"errors"},  # no OpenVINO: ovbuild.ir would bring it in, so it reads its JSON files itself
 }
 TOP = {"ovbuild", "cli", "commands", "demo"}
@@ -44,7 +45,15 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "runtime.model": {"runtime.cache"},
     "runtime.speculation": {"runtime.cache", "runtime.decode", "runtime.model"},
     "runtime.structured": {"runtime.decode", "runtime.speculation"},
-    "runtime": {"runtime.cache", "runtime.decode", "runtime.model", "runtime.speculation", "runtime.structured"},
+    "runtime.vision": {"runtime.model"},  # the device check; nothing of the requests or the scheduler
+    "runtime": {
+        "runtime.cache",
+        "runtime.decode",
+        "runtime.model",
+        "runtime.speculation",
+        "runtime.structured",
+        "runtime.vision",
+    },
 }
 
 

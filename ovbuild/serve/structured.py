@@ -8,8 +8,16 @@ tool calls (ovbuild.serve.tools) are one too. With a reasoning parser the constr
 
 from __future__ import annotations
 
+import asyncio
+
 from ovbuild.errors import RequestError
-from ovbuild.runtime.structured.spec import Constraint
+from ovbuild.runtime.structured.spec import Constraint, check_logit_bias
+from ovbuild.serve.chat_output import ChatParsing
+from ovbuild.serve.model import ServedModel
+from ovbuild.serve.reasoning import FORMATS as REASONING_FORMATS
+from ovbuild.serve.reasoning import thinking_from_start
+from ovbuild.serve.tools import FORMATS as TOOL_FORMATS
+from ovbuild.serve.tools import Tools, tool_constraint
 
 
 def requested_constraints(body) -> list[tuple[str, Constraint]]:
@@ -58,3 +66,32 @@ def one_constraint(found: list[tuple[str, Constraint]], after: str = "") -> Cons
         return None
     constraint = found[0][1]
     return Constraint(constraint.kind, constraint.source, after) if after else constraint
+
+
+def chat_structure(model: ServedModel, body, tools: Tools | None, prompt: str) -> tuple[ChatParsing | None, Constraint]:
+    """(how the answers are read, the request's one constraint): the reasoning parser (a constraint starts after the
+    thinking unless the prompt closed it already), tool calls read unless tool_choice is "none", and forced calls
+    (tool_choice "required" or a function) constrained to the functions' schemas."""
+    reasoning = REASONING_FORMATS[model.reasoning_parser] if model.reasoning_parser else None
+    after = reasoning.close if reasoning is not None and not prompt.rstrip().endswith(reasoning.close) else ""
+    calls = TOOL_FORMATS[model.tool_call_parser] if tools is not None and tools.parsed else None
+    found = requested_constraints(body)
+    if calls is not None:
+        forced = tool_constraint(tools, calls, after)
+        if forced is not None:
+            found.append(("tool_choice", forced))
+    parsing = None
+    if reasoning is not None or calls is not None:
+        parsing = ChatParsing(reasoning, reasoning is not None and thinking_from_start(reasoning, prompt), calls)
+    return parsing, one_constraint(found, after)
+
+
+async def structured_fields(model: ServedModel, body, constraint: Constraint | None) -> dict:
+    """GenerationConfig's constraint and logit_bias, checked; the grammar compiled here, off the engine's loop and
+    bounded in time (ovbuild.runtime.structured.grammar), so the engine only copies it."""
+    bias = check_logit_bias(body.logit_bias, model.vocab_size)
+    if constraint is not None:
+        if model.grammars is None:
+            raise RequestError("this server has no grammar compiler: structured output is off", "response_format")
+        await asyncio.to_thread(model.grammars.compile_bounded, constraint)
+    return {"constraint": constraint, "logit_bias": bias}
