@@ -160,3 +160,14 @@ def test_a_compile_past_its_time_bound_is_refused_and_lands_in_the_cache(grammar
     with pytest.raises(GrammarError, match="compiling took more than"):
         grammars.compile_bounded(constraint, timeout_s=1e-6)
     assert grammars.compile_bounded(constraint, timeout_s=60) is grammars.compile(constraint)
+
+
+def test_a_schema_keeps_its_property_order(grammars):
+    schema = {
+        "type": "object",
+        "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}},
+        "required": ["b", "a"],
+    }
+    state = start_constraint(grammars, Constraint.json_schema(schema), ())
+    kept, reason = state.advance(ids('{"b":1,"a":2}'))
+    assert kept == ids('{"b":1,"a":2}') and reason == COMPLETE, "the properties are not written in the schema's order"

@@ -50,7 +50,7 @@ class Constraint:
                 raise GrammarError(f"the JSON schema is not JSON ({e})", "json_schema") from None
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema is an object, got {type(schema).__name__}", "json_schema")
-        return cls("json_schema", json.dumps(schema, sort_keys=True))
+        return cls("json_schema", json.dumps(schema))  # key order kept: properties are written in it
 
     @classmethod
     def choice(cls, options: list[str]) -> Constraint:
