@@ -13,6 +13,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import FinishReason, GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
@@ -217,3 +218,22 @@ def test_a_row_the_grammar_allows_nothing_in_ends_that_request_alone(models, gra
     s.run()
     assert stuck.finish_reason is FinishReason.GRAMMAR and set(stuck.generated) <= {ord("q")}
     assert free.finish_reason is FinishReason.LENGTH and len(free.generated) == 10
+
+
+def test_sampled_first_token_follows_the_masked_softmax(models, grammars, target):
+    """The target alone under a choice: the first token's frequencies over 600 seeds against softmax(logits / T) of
+    the numpy reference restricted to the three allowed first letters (chi-square, 2 degrees of freedom, 1e-4)."""
+    prompt, temperature = [5, 17, 33], 1.5
+    s = Scheduler(PagedModel(models[0], num_blocks=1024, **F32), max_num_batched_tokens=4096, grammars=grammars)
+    c = dict(do_sample=True, temperature=temperature, max_new_tokens=1)
+    requests = [s.add_request(prompt, config(CONSTRAINTS["choice"], rng_seed=i, **c)) for i in range(600)]
+    s.run()
+    counts = Counter(r.generated[0] for r in requests)
+    reference = Qwen3Reference(*target)
+    logits, _ = reference.forward(reference.new_cache(), np.array(prompt))
+    allowed = [ord("r"), ord("g"), ord("b")]
+    x = logits[-1, allowed].astype(np.float64) / temperature
+    expected = 600 * np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    assert set(counts) <= set(allowed)
+    stat = sum((counts[t] - e) ** 2 / e for t, e in zip(allowed, expected, strict=True))
+    assert stat < 18.42, f"chi-square {stat:.1f} >= 18.42: counts {counts}, expected {expected.round(1)}"
