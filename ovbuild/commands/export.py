@@ -33,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sym", action="store_true", default=None, help="int8/int4: symmetric quantization")
     p.add_argument("--group-size", type=int, help="int4: quantization group size")
     p.add_argument("--all-layers", action="store_true", default=None, help="also compress embedding and lm_head")
+    p.add_argument(
+        "--no-vision",
+        dest="vision",
+        action="store_false",
+        help="targets: build a vision-language model's language model without its image inputs",
+    )
     p.add_argument("--revision", help="hub revision of MODEL (branch, tag or commit)")
     p.add_argument("--cache-dir", help="Hugging Face cache folder")
     p.add_argument("--format", default="paged", choices=list(IR_FORMATS), help="IR format (default: paged)")
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             quiet=args.quiet,
             format=args.format,
+            vision=args.vision,
         )
     if not args.quiet:
         print(f"exported {result.kind} ({result.family}, {result.weight_format} weights) to {result.out}")

@@ -62,10 +62,12 @@ def export(
     overwrite: bool = False,
     quiet: bool = False,
     format: str = "paged",
+    vision: bool = True,
 ) -> ExportResult:
     """Export checkpoint `model` (hub id or folder; `revision` applies to it) to the folder `out`.
 
-    Unset weight options take the per-kind default of `weight_formats` and the policy's own defaults.
+    Unset weight options take the per-kind default of `weight_formats` and the policy's own defaults. vision=False:
+    a vision-language target's language model is built without its image inputs, as a text-only checkpoint's.
     """
     fmt = ir_format(format)
     options = dict(sym=sym, group_size=group_size, all_layers=all_layers)
@@ -79,7 +81,7 @@ def export(
         if kind_of(ckpt) == "target":
             if target_model is not None:
                 raise ConfigError(f"{ckpt.source} is a target: --target-model is only for draft exports")
-            kind, (family, policy) = "target", export_target(job, target_layer_ids, draft_of, cache_dir)
+            kind, (family, policy) = "target", export_target(job, target_layer_ids, draft_of, cache_dir, vision)
         else:
             if target_layer_ids is not None or draft_of is not None:
                 raise ConfigError(
@@ -109,11 +111,17 @@ class Job:
 
 
 def export_target(
-    job: Job, target_layer_ids: Sequence[int] | None, draft_of: str | Path | None, cache_dir: str | None
+    job: Job,
+    target_layer_ids: Sequence[int] | None,
+    draft_of: str | Path | None,
+    cache_dir: str | None,
+    vision: bool = True,
 ) -> tuple[str, WeightPolicy]:
     """The target IR with its taps, configs and tokenizer, written into the partial folder; returns its family and
     policy."""
     cfg, weights = load_target(job.ckpt)
+    if not vision:
+        cfg = cfg.text_only()
     build = target_builder(cfg, job.format_name)  # a format the family does not have fails before anything is read
     if cfg.export_note is not None:
         log.info("%s: %s", job.ckpt.source, cfg.export_note)
