@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ovbuild.errors import ConfigError
+from ovbuild.runtime.images import image_prompts
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
 from ovbuild.runtime.prompts import PromptLimits, prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
@@ -50,24 +51,28 @@ class LLM:
         config: GenerationConfig | list[GenerationConfig] | None = None,
         streamer: Streamer | None = None,
         use_draft: bool = True,
+        images=None,
         **overrides,
     ) -> str | list[str]:
         """Text of each prompt's completion: one str for one prompt (a str or a list of token ids), else a list.
 
         `config` (one, or one per prompt) defaults to `self.config`; keywords override its fields
-        (max_new_tokens=..., stop_strings=..., num_assistant_tokens=..., ignore_eos=True drops the EOS ids)."""
+        (max_new_tokens=..., stop_strings=..., num_assistant_tokens=..., ignore_eos=True drops the EOS ids).
+        `images`: what a prompt shows, as embeddings a vision tower made (`ovbuild.runtime.images.ImageInput`, one
+        list for one prompt, one list or ImagePrompt per prompt for several); the prompt holds their placeholders."""
         items, single = prompt_list(prompts)
         configs = config if isinstance(config, list) else [config] * len(items)
         if len(configs) != len(items):
             raise ConfigError(f"LLM.generate: {len(configs)} configs for {len(items)} prompts")
         scheduler = self.pipeline.scheduler(use_draft=use_draft)
         index: dict[int, int] = {}
-        for i, (prompt, cfg) in enumerate(zip(items, configs, strict=True)):
-            ids = self.pipeline.encode(prompt) if isinstance(prompt, str) else prompt
+        encoded = [self.pipeline.encode(prompt) if isinstance(prompt, str) else prompt for prompt in items]
+        shown = image_prompts(images, [len(ids) for ids in encoded], single)
+        for i, (ids, cfg, pictures) in enumerate(zip(encoded, configs, shown, strict=True)):
             cfg = self.request_config(cfg, **overrides)
             self.limits.check_ids(ids)
             self.limits.max_new_tokens(len(ids), cfg.max_new_tokens, cfg.max_new_tokens)
-            index[scheduler.add_request(ids, cfg).id] = i
+            index[scheduler.add_request(ids, cfg, images=pictures).id] = i
 
         def on_text(request: Request, text: str, finished: bool) -> bool | None:
             if streamer is None or not text:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ovbuild.errors import RequestError
+from ovbuild.errors import RequestError, UnsupportedError
 from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_ROWS, MROPE_OFFSETS
 
 
@@ -147,6 +147,39 @@ class ImageCall:
             IMAGE_ROWS: np.array(self.rows, np.int64),
             IMAGE_EMBEDS: np.concatenate(self.embeds) if self.embeds else np.zeros((0, self.width), np.float32),
         }
+
+
+def image_prompts(images, prompt_lens: list[int], single: bool) -> list[ImagePrompt | None]:
+    """Each prompt's ImagePrompt from what a caller gave: None (text prompts); for one prompt its ImageInput list or
+    an ImagePrompt; for several, one such entry (or None) per prompt."""
+    if images is None:
+        return [None] * len(prompt_lens)
+    entries = [images] if single else list(images)
+    if len(entries) != len(prompt_lens):
+        raise RequestError(f"images for {len(entries)} prompts, {len(prompt_lens)} prompts given", "images")
+    out = []
+    for entry, length in zip(entries, prompt_lens, strict=True):
+        if entry is None or isinstance(entry, ImagePrompt):
+            out.append(entry)
+        elif all(isinstance(i, ImageInput) for i in entry):
+            out.append(ImagePrompt.of(length, list(entry)) if entry else None)
+        else:
+            raise RequestError("images must be ImageInput lists or ImagePrompts, one per prompt", "images")
+    return out
+
+
+def check_images(images: ImagePrompt, prompt_len: int, width: int | None, what: str) -> None:
+    """A request's images fit its prompt and a target that takes images of their width."""
+    if width is None:
+        raise UnsupportedError(f"{what} shows images, but this target takes no images (exported without them)")
+    if images.positions.shape[1] != prompt_len:
+        raise RequestError(f"{what}: positions for {images.positions.shape[1]} tokens, the prompt has {prompt_len}")
+    for image in images.images:
+        if image.embeds.shape[1] != width:
+            raise RequestError(
+                f"{what}: the image at token {image.start} has embeddings of width {image.embeds.shape[1]}, the "
+                f"target's hidden size is {width}"
+            )
 
 
 def image_width(inputs: list) -> int | None:

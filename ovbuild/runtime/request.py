@@ -10,6 +10,7 @@ import numpy as np
 from ovbuild.errors import ConfigError
 from ovbuild.runtime.detokenizer import Detokenizer
 from ovbuild.runtime.drafters.base import Proposal
+from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.logprobs import TokenLogprob, check_logprobs
 from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.penalties import Penalties, check_penalties
@@ -124,6 +125,7 @@ class Request:
     detokenizer: Detokenizer | None = None  # its stop strings' detokenizer (the scheduler's, made when first needed)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, with config.logprobs
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first None)
+    images: ImagePrompt | None = None  # the images its prompt shows, kept for recomputing after a preemption
 
     @property
     def context_len(self) -> int:
@@ -135,7 +137,8 @@ class Request:
         """Chained hashes (ovbuild.runtime.prefix) of the full blocks among the first `length` committed tokens."""
         known = self.hashes.get(block_size, [])
         if len(known) < length // block_size:
-            known = chain_hashes(self.committed(0, length), block_size, known)
+            extra = self.images.block_key if self.images is not None else None
+            known = chain_hashes(self.committed(0, length), block_size, known, extra)
             self.hashes[block_size] = known
         return known[: length // block_size]
 

@@ -43,6 +43,7 @@ from ovbuild.runtime.cache_manager import CacheManager
 from ovbuild.runtime.commit import append_tokens, first_token, record_prompt_logprobs, verified_tokens
 from ovbuild.runtime.draft_step import DraftStep
 from ovbuild.runtime.drafters.base import Drafter, Proposal
+from ovbuild.runtime.images import ImageCall, ImagePrompt, check_images
 from ovbuild.runtime.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.paged_model import TAPS, PagedModel
@@ -131,10 +132,13 @@ class Scheduler:
             caches["draft"] = self.drafter.cache_manager
         return caches
 
-    def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
-        """Queue a request; it joins the running batch as soon as the caches have room for its prompt."""
+    def add_request(
+        self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None, images: ImagePrompt | None = None
+    ) -> Request:
+        """Queue a request; it joins the running batch as soon as the caches have room for its prompt. `images`: the
+        images its prompt shows (embeddings at their placeholder tokens) and its three-axis positions."""
         config = config or GenerationConfig()
-        request = Request(self._next_id, token_ids(prompt, f"request {self._next_id}"), config)
+        request = Request(self._next_id, token_ids(prompt, f"request {self._next_id}"), config, images=images)
         self._check(request)
         self._next_id += 1
         self.waiting.append(request)
@@ -198,6 +202,8 @@ class Scheduler:
             )
         if len(request.prompt) == 0:
             raise UnsupportedError("empty prompt: at least one token is needed")
+        if request.images is not None:
+            check_images(request.images, len(request.prompt), self.target.image_width, f"request {request.id}")
         limits = self.target.vocab_size, self.max_model_len
         check_prompt(request.prompt, request.config.max_new_tokens, *limits, f"request {request.id}")
         for name, cache, length in self.budgets(request):
@@ -356,6 +362,7 @@ class Scheduler:
         """Run the plan's target call; returns its outputs (taps copied: the requests keep slices of them)."""
         rows, ids, positions, wanted = [], [], [], []
         state_rows = [] if self.target.states is not None else None
+        images = ImageCall(self.target.image_width) if self.target.image_width is not None else None
         for part in plan.rows:
             request, tokens = part.request, part.tokens
             begin = len(ids)
@@ -368,16 +375,16 @@ class Scheduler:
                 # row and its snapshot rows (the cache manager's choice)
                 decoding = request.status is Status.DECODE
                 state_rows.append(self.target.cache_manager.state_rows(request.target_len, len(tokens), decoding))
+            if images is not None:  # three-axis positions, and the embeddings of the image rows among the tokens
+                images.add(request.images, request.target_len, len(tokens), begin)
             ids += tokens
             positions += range(request.target_len, request.target_len + len(tokens))
             wanted += [begin + w for w in part.wanted]
+        feeds = {INPUT_IDS: ids, POSITION_IDS: positions, LOGITS_INDICES: wanted}  # lists: see InputBinder
+        if images is not None:
+            feeds |= images.inputs()
         compiled, start = self.target.compile_s, time.perf_counter()
-        out = self.target.run(
-            rows,
-            {INPUT_IDS: ids, POSITION_IDS: positions, LOGITS_INDICES: wanted},  # lists: see InputBinder
-            state_rows,
-            plan.taps,
-        )
+        out = self.target.run(rows, feeds, state_rows, plan.taps)
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
         self._call_s += seconds
