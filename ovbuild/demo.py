@@ -218,8 +218,8 @@ def run_demo(
         say("compiling")
         pipeline = Pipeline(*exported, options)
         # First-call allocations, the draft-length planner's calibration and the copies compiled per row count
-        # (ovbuild.runtime.static_rows) stay out of the timing: a copy compiled in a timed round (0.1-0.4 s, where a
-        # round one request at a time takes 0.4-0.6 s a side) cut that round's speed-up by a fifth or more. Every
+        # (ovbuild.runtime.model.static_rows) stay out of the timing: a copy compiled in a timed round (0.1-0.4 s, where
+        # a round one request at a time takes 0.4-0.6 s a side) cut that round's speed-up by a fifth or more. Every
         # copy, as a draft call's row count depends on when the planner drafts.
         say("warming up")
         pipeline.compile_copies()
@@ -349,7 +349,7 @@ def forget_acceptance(pipeline: Pipeline) -> None:
     Its 4-token requests draft from prompts alone, where the demo draft is mostly wrong: on a busy 2-core machine
     their misses (run-wide acceptance 0.17 after warm-up) and one slow verification timing kept the planner from
     drafting in any later step, where it accepts 2.5 to 3.9 tokens per step."""
-    from ovbuild.runtime.speculation import Speculation
+    from ovbuild.runtime.speculation.planner import Speculation
 
     warm = pipeline.speculation
     if warm is None:

@@ -48,3 +48,8 @@ class OverloadedError(OvbuildError):
 
 class MissingDependencyError(OvbuildError):
     """An optional dependency (an extra such as ovbuild[serve]) is not installed."""
+
+
+class ImageError(OvbuildError):
+    """An image cannot be used: empty, corrupt or truncated, a format ovbuild does not decode, or too large for the
+    stated limits; the message names the source and what is wrong."""

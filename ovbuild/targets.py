@@ -13,13 +13,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import openvino as ov
 
 from ovbuild.errors import UnsupportedError
+from ovbuild.families import declared_family, family_builder
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.graph.target import build_target
+from ovbuild.graph.vision.qwen3_5 import build_qwen_vision
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import MODEL_STEM
 from ovbuild.ir.ports import CONV_STATE, RECURRENT_STATE, Port
@@ -31,6 +34,7 @@ from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
 from ovbuild.weights.target import QWEN3_LAYOUT, TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
+from ovbuild.weights.vision_qwen import QWEN_VISION_ARCHITECTURES, load_qwen_vision
 
 # Every IR of a target folder keyed by file stem, from (config, weights, the layers tapped for a draft, policy).
 TargetBuilder = Callable[[TargetConfig, WeightSource, tuple[int, ...], WeightPolicy], dict[str, ov.Model]]
@@ -99,6 +103,39 @@ SUPPORTED_TARGET_ARCHITECTURES: tuple[str, ...] = tuple(BY_ARCHITECTURE)
 TARGET_ARCHITECTURES: tuple[str, ...] = (*SUPPORTED_TARGET_ARCHITECTURES, *REFUSED)
 
 
+class VisionConfig(Protocol):
+    """What the declarations read of a tower's normalized config (each tower's own class holds the rest)."""
+
+    family: str
+    depth: int  # blocks, which the export's progress follows
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """The vision tower of vision-language targets, exported as its own IR beside the target (ir.VISION_FILE): how
+    its config and tensors are read and how its IR is built. The language model is the target family's."""
+
+    name: str  # its config's family and the IR's `ovbuild/family`
+    architectures: tuple[str, ...]  # the target architectures that carry it
+    load: Callable[[Checkpoint], tuple[VisionConfig, WeightSource]]  # (normalized vision config, tensor source)
+    build: Callable[[VisionConfig, WeightSource, WeightPolicy], ov.Model]
+
+
+QWEN3_5_VISION = VisionTower(
+    name="qwen3_5_vision",  # Qwen3.5 dense and MoE vision-language models hold the same tower
+    architectures=QWEN_VISION_ARCHITECTURES,
+    load=load_qwen_vision,
+    build=build_qwen_vision,
+)
+VISION_TOWERS: tuple[VisionTower, ...] = (QWEN3_5_VISION,)
+VISION_BY_ARCHITECTURE: dict[str, VisionTower] = {a: v for v in VISION_TOWERS for a in v.architectures}
+
+
+def find_vision_tower(config: dict, path: str) -> VisionTower | None:
+    """The vision tower a target's config.json carries (by `architectures[0]`), None for a text-only target."""
+    return VISION_BY_ARCHITECTURE.get(ConfigReader(config, path).architecture())
+
+
 def find_target(config: dict, path: str) -> tuple[TargetFamily, TargetLayout]:
     """The family and layout of a target's config.json (read from `path`), by `architectures[0]`."""
     r = ConfigReader(config, path)
@@ -125,21 +162,12 @@ def load_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
 
 def target_family(name: str) -> TargetFamily:
     """The target family declared as `name` (a TargetConfig's family, a target IR's `ovbuild/family`)."""
-    if name not in BY_NAME:
-        raise UnsupportedError(f"unknown target family '{name}' (known: {', '.join(BY_NAME)})")
-    return BY_NAME[name]
+    return declared_family("target", TARGETS, name)
 
 
 def target_builder(cfg: TargetConfig, ir_format: str = "paged") -> TargetBuilder:
     """The builder of a target's IRs in `ir_format`; an error when its family does not have that format."""
-    f = target_family(cfg.family)
-    if ir_format not in f.builders:
-        having = [g.name for g in TARGETS if ir_format in g.builders]
-        raise UnsupportedError(
-            f"{cfg.architecture} ({f.name}): the {ir_format} IR format exists for {', '.join(having)} targets only "
-            f"({f.name} targets export as: {', '.join(f.builders)})"
-        )
-    return f.builders[ir_format]
+    return family_builder("target", TARGETS, cfg, ir_format)
 
 
 def build_target_models(

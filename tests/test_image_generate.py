@@ -16,11 +16,11 @@ from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.llm import LLM
 from ovbuild.reference.hybrid import HybridReference
 from ovbuild.reference.moe import MoeHybridReference
-from ovbuild.runtime.drafters import BlockDrafter
 from ovbuild.runtime.images import ImageInput, ImagePrompt
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.targets import load_target
 from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter

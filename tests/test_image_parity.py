@@ -15,9 +15,9 @@ from ovbuild.ir import ImageKeys
 from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_ROWS, MROPE_OFFSETS
 from ovbuild.reference.hybrid import HybridReference
 from ovbuild.reference.moe import MoeHybridReference
+from ovbuild.runtime.cache.kv_cache import SequenceRows
 from ovbuild.runtime.images import ImageInput, prompt_positions
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, nmse
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target

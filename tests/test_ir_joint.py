@@ -20,6 +20,7 @@ from ovbuild.ir import (
     HybridKeys,
     Identity,
     MarkovHeadIR,
+    MiniCPMVisionIR,
     Provenance,
     TargetIR,
     WeightStorage,
@@ -131,6 +132,7 @@ RECORDS = [
     DSparkKeys(8, "gated"),
     MarkovHeadIR("dspark", "gated", 8, 100, 64, ("chain", "lattice"), 4, 8),
     MarkovHeadIR("dflash2", "dflash2", 8, 100, 64, top_k=4, version=2),
+    MiniCPMVisionIR(14, 3, "16x", 16, 4, 2048),
 ]
 
 

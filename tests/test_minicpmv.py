@@ -16,10 +16,10 @@ from ovbuild.errors import OvbuildError, UnsupportedError
 from ovbuild.families import load_draft
 from ovbuild.graph.dspark import build_dspark_draft, build_markov_head
 from ovbuild.graph.hybrid_target import build_hybrid_target
-from ovbuild.runtime.drafters import DSparkDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import DSparkDrafter
 from ovbuild.targets import load_target, parse_target_config
 from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter

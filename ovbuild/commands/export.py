@@ -9,6 +9,7 @@ from ovbuild.export import export
 from ovbuild.export.ir_formats import IR_FORMATS
 from ovbuild.export.progress import human_size, on_terminal, stderr_logging
 from ovbuild.export.weight_formats import WEIGHT_FORMATS, default_weight_format
+from ovbuild.ir import VISION_FILE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,15 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sym", action="store_true", default=None, help="int8/int4: symmetric quantization")
     p.add_argument("--group-size", type=int, help="int4: quantization group size")
     p.add_argument("--all-layers", action="store_true", default=None, help="also compress embedding and lm_head")
+    p.add_argument("--revision", help="hub revision of MODEL (branch, tag or commit)")
+    p.add_argument("--cache-dir", help="Hugging Face cache folder")
+    p.add_argument("--format", default="paged", choices=list(IR_FORMATS), help="IR format (default: paged)")
     p.add_argument(
         "--no-vision",
         dest="vision",
         action="store_false",
-        help="targets: build a vision-language model's language model without its image inputs",
+        help=f"vision-language targets: leave the vision tower out (no {VISION_FILE}) and build the language model "
+        "without its image inputs",
     )
-    p.add_argument("--revision", help="hub revision of MODEL (branch, tag or commit)")
-    p.add_argument("--cache-dir", help="Hugging Face cache folder")
-    p.add_argument("--format", default="paged", choices=list(IR_FORMATS), help="IR format (default: paged)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no log lines, no summary")
     p.set_defaults(run=run)

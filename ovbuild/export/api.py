@@ -24,7 +24,16 @@ from ovbuild.export.streaming import PageDropper, StreamingSource
 from ovbuild.export.weight_formats import default_weight_format, make_policy
 from ovbuild.families import DRAFT_ARCHITECTURES, draft_builder, load_draft, read_draft_config
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.targets import SUPPORTED_TARGET_ARCHITECTURES, TARGET_ARCHITECTURES, load_target, target_builder
+from ovbuild.ir import VISION_STEM
+from ovbuild.targets import (
+    SUPPORTED_TARGET_ARCHITECTURES,
+    TARGET_ARCHITECTURES,
+    VisionConfig,
+    VisionTower,
+    find_vision_tower,
+    load_target,
+    target_builder,
+)
 from ovbuild.weights.checkpoint import TOKENIZER_FILES, Checkpoint, read_config
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, check_target_layer_ids
@@ -66,8 +75,9 @@ def export(
 ) -> ExportResult:
     """Export checkpoint `model` (hub id or folder; `revision` applies to it) to the folder `out`.
 
-    Unset weight options take the per-kind default of `weight_formats` and the policy's own defaults. vision=False:
-    a vision-language target's language model is built without its image inputs, as a text-only checkpoint's.
+    Unset weight options take the per-kind default of `weight_formats` and the policy's own defaults. A
+    vision-language target's vision tower is exported beside it, and its language model takes image embeddings,
+    unless `vision` is False (then the language model is built as a text-only checkpoint's).
     """
     fmt = ir_format(format)
     options = dict(sym=sym, group_size=group_size, all_layers=all_layers)
@@ -117,12 +127,14 @@ def export_target(
     cache_dir: str | None,
     vision: bool = True,
 ) -> tuple[str, WeightPolicy]:
-    """The target IR with its taps, configs and tokenizer, written into the partial folder; returns its family and
-    policy."""
+    """The target IR with its taps (and its vision tower's IR, when it has one and `vision`), configs and tokenizer,
+    written into the partial folder; returns its family and policy."""
     cfg, weights = load_target(job.ckpt)
     if not vision:
         cfg = cfg.text_only()
     build = target_builder(cfg, job.format_name)  # a format the family does not have fails before anything is read
+    tower = find_vision_tower(job.ckpt.config, str(job.ckpt.config_path)) if vision else None
+    vision_source = tower.load(job.ckpt) if tower is not None else None  # a bad vision_config fails early too
     if cfg.export_note is not None:
         log.info("%s: %s", job.ckpt.source, cfg.export_note)
     taps = target_taps(cfg, job.ckpt.source, target_layer_ids, draft_of, cache_dir)
@@ -133,11 +145,26 @@ def export_target(
     models = stream_build(
         f"target {cfg.architecture}", cfg.num_layers, [weights], job.show, lambda w: build(cfg, w, taps, policy)
     )
+    if vision_source is not None:
+        models |= build_vision(job, tower, *vision_source, policy)
     job.package.save_models(models, provenance(job.ckpt, job.format_name))
     job.package.copy_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
     job.package.write_generation_config(cfg.eos_token_ids)
     job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
     return cfg.family, policy
+
+
+def build_vision(
+    job: Job, tower: VisionTower, cfg: VisionConfig, weights: WeightSource, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    """The vision tower's IR, its matrices in float: integer formats apply to the language model only (the tower is
+    small beside it, and no parity test has measured it compressed)."""
+    float_policy = policy.uncompressed()
+    log.info("exporting vision tower %s (%s weights)", tower.name, float_policy.weight_format)
+    label = f"vision tower {tower.name}"
+    return stream_build(
+        label, cfg.depth, [weights], job.show, lambda w: {VISION_STEM: tower.build(cfg, w, float_policy)}
+    )
 
 
 def export_draft(

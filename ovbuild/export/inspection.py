@@ -20,6 +20,7 @@ from ovbuild.ir import (
     HybridKeys,
     Identity,
     Provenance,
+    VisionIR,
     WeightStorage,
     core,
     last_line,
@@ -50,6 +51,7 @@ class IrReport:
     constants: dict[str, tuple[int, int]]
     compiled_on: str = ""
     hybrid: HybridKeys | None = None  # a hybrid target's layer pattern and linear-attention geometry
+    vision: VisionIR | None = None  # a vision tower's geometry
 
 
 @dataclass
@@ -91,6 +93,7 @@ def describe_ir(path: Path, device: str) -> IrReport:
         flat_rt_info(model),
         constants(model),
         hybrid=HybridKeys.from_model(model, path),
+        vision=VisionIR.from_model(model, path),
     )
     try:
         core().compile_model(model, device)
@@ -146,7 +149,10 @@ def format_report(report: FolderReport) -> str:
         pattern = main.hybrid.layer_pattern
         lines.append(f"  layers {pattern} ({pattern.count('L')} linear attention, {pattern.count('F')} full attention)")
     for ir in report.irs:
-        lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]
+        lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}"]
+        if ir.vision is not None:
+            lines += vision_lines(ir.vision)
+        lines += ["  inputs:"]
         lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.inputs]
         lines += ["  outputs:"]
         lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.outputs]
@@ -159,6 +165,17 @@ def format_report(report: FolderReport) -> str:
     lines.append(f"files ({human_size(sum(report.files.values()))}):")
     lines += [f"  {name:<32} {human_size(size):>10}" for name, size in report.files.items()]
     return "\n".join(lines)
+
+
+def vision_lines(v: VisionIR) -> list[str]:
+    """A vision tower's geometry: what an image becomes (patches, merged tokens) and the tower's size."""
+    p, t, m = v.patch_size, v.temporal_patch_size, v.spatial_merge_size
+    side = round(v.num_position_embeddings**0.5)
+    return [
+        f"  vision tower {shown(v.family)}: {v.depth} blocks, width {v.hidden_size}, {v.num_heads} heads",
+        f"    patches {t}x{p}x{p} (frames x pixels) of {v.in_channels} channels; position grid {side}x{side}",
+        f"    one token of width {v.out_hidden_size} per {m}x{m} patches (grids in multiples of {m * p} pixels)",
+    ]
 
 
 def shown(value: str | None) -> str:

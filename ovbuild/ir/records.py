@@ -14,7 +14,9 @@ from pathlib import Path
 
 import openvino as ov
 
+from ovbuild.errors import RequestError
 from ovbuild.ir.codec import BOOL, FLOAT, INT, INTS, LOCATORS, SET, STEM, STRS, Key, Record, Where, part, rt
+from ovbuild.ir.ports import MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES
 from ovbuild.version import __version__
 
 # Every rt_info key an ovbuild IR carries, once.
@@ -67,6 +69,14 @@ K_HEAD_DIM = Key("ovbuild/linear_attention/k_head_dim", INT)
 V_HEAD_DIM = Key("ovbuild/linear_attention/v_head_dim", INT)
 MROPE_SECTION = Key("ovbuild/images/mrope_section", INTS)  # a target that takes image embeddings
 MROPE_INTERLEAVED = Key("ovbuild/images/mrope_interleaved", BOOL)
+VISION_DEPTH = Key("ovbuild/vision/depth", INT)
+VISION_NUM_HEADS = Key("ovbuild/vision/num_heads", INT)
+VISION_IN_CHANNELS = Key("ovbuild/vision/in_channels", INT)
+VISION_PATCH_SIZE = Key("ovbuild/vision/patch_size", INT)
+VISION_TEMPORAL_PATCH_SIZE = Key("ovbuild/vision/temporal_patch_size", INT)
+VISION_MERGE_SIZE = Key("ovbuild/vision/spatial_merge_size", INT)
+VISION_POSITION_GRID = Key("ovbuild/vision/num_position_embeddings", INT)
+VISION_OUT_HIDDEN_SIZE = Key("ovbuild/vision/out_hidden_size", INT)
 MARKOV_RANK = Key("markov_rank", INT)
 MARKOV_HEAD_TYPE = Key("markov_head_type")
 MARKOV_HEAD_MODE = Key("markov_head_mode", STRS)
@@ -291,6 +301,33 @@ class MarkovHeadIR(Record):
 
 
 @dataclass(frozen=True)
+class VisionIR(Record):
+    """A vision-language target's openvino_vision_model.xml: the tower's geometry, which the image processor sizes
+    images by (patches of temporal_patch_size x patch_size x patch_size, grids a multiple of spatial_merge_size)
+    and the runtime counts placeholder tokens by (one per spatial_merge_size^2 patches, out_hidden_size wide)."""
+
+    FIXED = _identity("vision")
+
+    family: str | None = rt(FAMILY)  # "qwen3_5_vision"
+    depth: int = rt(VISION_DEPTH)
+    hidden_size: int = rt(HIDDEN_SIZE)  # the tower's width
+    num_heads: int = rt(VISION_NUM_HEADS)
+    in_channels: int = rt(VISION_IN_CHANNELS)
+    patch_size: int = rt(VISION_PATCH_SIZE)
+    temporal_patch_size: int = rt(VISION_TEMPORAL_PATCH_SIZE)
+    spatial_merge_size: int = rt(VISION_MERGE_SIZE)
+    num_position_embeddings: int = rt(VISION_POSITION_GRID)
+    out_hidden_size: int = rt(VISION_OUT_HIDDEN_SIZE)  # the language model's hidden size
+
+    @classmethod
+    def from_model(cls, model: ov.Model, path: str | Path | None = None) -> VisionIR | None:
+        """The vision record of an IR, None for an IR that is not a vision tower."""
+        if KIND.read(model, Where(model, path)) != "vision":
+            return None
+        return super().from_model(model, path)
+
+
+@dataclass(frozen=True)
 class SpecialTokens:
     """The tokenizer IRs' rt_info, which GenAI reads: eos ends generation, pad fills batched prompts. Written as
     typed top-level values named as the fields, the way openvino-tokenizers writes them (ovbuild never reads them)."""
@@ -305,3 +342,47 @@ class SpecialTokens:
         for name, value in vars(self).items():
             if value is not None:
                 model.set_rt_info(value, name)
+
+
+# MiniCPM-V 4.7 vision tower (graph/vision/minicpm.py): its keys and record, kept apart from the text IRs'.
+MINICPM_VISION_PATCH_SIZE = Key("ovbuild/minicpm_vision/patch_size", INT)
+MINICPM_VISION_CHANNELS = Key("ovbuild/minicpm_vision/num_channels", INT)
+MINICPM_VISION_MODE = Key("ovbuild/minicpm_vision/downsample_mode")  # "16x" or "4x"
+MINICPM_VISION_PATCHES_PER_TOKEN = Key("ovbuild/minicpm_vision/patches_per_token", INT)
+MINICPM_VISION_GRID_MULTIPLE = Key("ovbuild/minicpm_vision/grid_multiple", INT)
+
+
+@dataclass(frozen=True)
+class MiniCPMVisionIR(Record):
+    """A MiniCPM-V 4.7 vision tower IR: what a caller needs to pack its images (`patch_size`, `num_channels`, every
+    grid side a multiple of `grid_multiple`) and to count their placeholders (h * w / `patches_per_token`);
+    `hidden_size` is the language model's, the width of each output token."""
+
+    FIXED = _identity("vision")
+
+    patch_size: int = rt(MINICPM_VISION_PATCH_SIZE, required=True)
+    num_channels: int = rt(MINICPM_VISION_CHANNELS, required=True)
+    downsample_mode: str = rt(MINICPM_VISION_MODE, required=True)
+    patches_per_token: int = rt(MINICPM_VISION_PATCHES_PER_TOKEN, required=True)
+    grid_multiple: int = rt(MINICPM_VISION_GRID_MULTIPLE, required=True)
+    hidden_size: int | None = rt(HIDDEN_SIZE)
+    family: str | None = rt(FAMILY, "minicpmv4_7")
+
+    def check_inputs(self, pixel_shape: tuple[int, ...], target_sizes: list[tuple[int, int]]) -> None:
+        """Refuse a call this IR cannot encode (RequestError naming the input): pixel_values must be
+        [1, num_channels, patch_size, L * patch_size] with L = sum h * w, every h and w a multiple of grid_multiple."""
+        c, p, g = self.num_channels, self.patch_size, self.grid_multiple
+        if not target_sizes:
+            raise RequestError(f"{MINICPM_TARGET_SIZES}: no image to encode", MINICPM_TARGET_SIZES)
+        bad = [(h, w) for h, w in target_sizes if h < g or w < g or h % g or w % g]
+        if bad:
+            raise RequestError(
+                f"{MINICPM_TARGET_SIZES}: patch grids {bad} are not positive multiples of {g}", MINICPM_TARGET_SIZES
+            )
+        patches = sum(h * w for h, w in target_sizes)
+        if tuple(pixel_shape) != (1, c, p, patches * p):
+            raise RequestError(
+                f"{MINICPM_PIXEL_VALUES}: shape {list(pixel_shape)}, expected [1, {c}, {p}, {patches * p}] for "
+                f"{patches} patches of {p} x {p}",
+                MINICPM_PIXEL_VALUES,
+            )

@@ -11,17 +11,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ovbuild.runtime.detokenizer import Detokenizer
-from ovbuild.runtime.logprobs import token_logprob
-from ovbuild.runtime.penalties import PenalizedRows
+from ovbuild.runtime.decode.detokenizer import Detokenizer
+from ovbuild.runtime.decode.logprobs import token_logprob
+from ovbuild.runtime.decode.penalties import PenalizedRows
+from ovbuild.runtime.decode.verify import verify_sampled
 from ovbuild.runtime.request import FinishReason, Request, Status
-from ovbuild.runtime.verify import verify_sampled
 
 
 def verified_tokens(request: Request, greedy: list[int], logits: np.ndarray) -> list[int]:
     """The tokens a decoding request commits from its verification rows [anchor, d1..dk]: the accepted draft tokens,
-    then the target's own (greedy: its argmax; sampling: ovbuild.runtime.verify). greedy: the in-graph argmax of each
-    row; logits [k + 1, V]."""
+    then the target's own (greedy: its argmax; sampling: ovbuild.runtime.decode.verify). greedy: the in-graph argmax of
+    each row; logits [k + 1, V]."""
     proposal, sampling = request.proposal, request.config.sampling
     rows = penalized(request, logits, proposal)
     if sampling is None:

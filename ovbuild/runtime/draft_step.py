@@ -1,7 +1,7 @@
 """The draft side of a scheduling step: after verification, plan the draft lengths, then run that plan.
 
 `DraftPlanner.plan` chooses, without running a model, a `DraftPlan`: the draft length of every decoding request
-(pinned by num_assistant_tokens, else by ovbuild.runtime.speculation from measured call costs and each request's
+(pinned by num_assistant_tokens, else by ovbuild.runtime.speculation.planner from measured call costs and each request's
 acceptance; 0 = no draft for it), whether pending taps force a draft call, and which requests catch up first. The
 planner keeps its own counters: while its last plan drafted for nobody it backs off (Speculation.backoff), and the
 steps it skips are counted in bulk, settled per request when that request is next planned or finishes.
@@ -15,13 +15,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
-from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.metrics import RunMetrics
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import Request, Status
-from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation.calibration import calibrate
+from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem
+from ovbuild.runtime.speculation.planner import (
+    FLUSH_ROWS,
+    IDLE_DECAY,
+    MAX_PLAN_BACKOFF,
+    REPLAN_AFTER_CHANGE,
+    Speculation,
+)
 
 
 @dataclass

@@ -180,18 +180,3 @@ def check_images(images: ImagePrompt, prompt_len: int, width: int | None, what: 
                 f"{what}: the image at token {image.start} has embeddings of width {image.embeds.shape[1]}, the "
                 f"target's hidden size is {width}"
             )
-
-
-def image_width(inputs: list) -> int | None:
-    """The embedding width of a compiled model's image_embeds input (ov outputs), None for a model without one."""
-    port = next((p for p in inputs if p.get_any_name() == IMAGE_EMBEDS), None)
-    return None if port is None else port.get_partial_shape()[1].get_length()
-
-
-def text_call(rows: int, width: int) -> dict[str, np.ndarray]:
-    """The image inputs of a call that shows no image: every axis at position_ids, no image rows."""
-    return {
-        MROPE_OFFSETS: np.zeros((rows, 3), np.int64),
-        IMAGE_ROWS: np.zeros(0, np.int64),
-        IMAGE_EMBEDS: np.zeros((0, width), np.float32),
-    }

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ovbuild.errors import ConfigError
-from ovbuild.runtime.detokenizer import Detokenizer
-from ovbuild.runtime.drafters.base import Proposal
+from ovbuild.runtime.cache.prefix import chain_hashes
+from ovbuild.runtime.decode.detokenizer import Detokenizer
+from ovbuild.runtime.decode.logprobs import TokenLogprob, check_logprobs
+from ovbuild.runtime.decode.penalties import Penalties, check_penalties
+from ovbuild.runtime.decode.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.images import ImagePrompt
-from ovbuild.runtime.logprobs import TokenLogprob, check_logprobs
 from ovbuild.runtime.metrics import RequestMetrics
-from ovbuild.runtime.penalties import Penalties, check_penalties
-from ovbuild.runtime.prefix import chain_hashes
-from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
-from ovbuild.runtime.speculation import AcceptanceStats
+from ovbuild.runtime.speculation.drafters.base import Proposal
+from ovbuild.runtime.speculation.planner import AcceptanceStats
 from ovbuild.runtime.validation import check_positive_int, check_stop_strings
 
 
@@ -35,7 +35,7 @@ class GenerationConfig:
     top_p: float = 1.0
     rng_seed: int = 0
     speculative_sampling: str = "exact"  # how sampled draft tokens are verified: sampling.VERIFICATIONS
-    repetition_penalty: float = 1.0  # 1 = off; penalties as ovbuild.runtime.penalties applies them
+    repetition_penalty: float = 1.0  # 1 = off; penalties as ovbuild.runtime.decode.penalties applies them
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_new_tokens: int = 0  # EOS is held back until this many tokens were generated
@@ -134,7 +134,8 @@ class Request:
         return len(self.prompt) + max(len(self.generated) - 1, 0)
 
     def block_hashes(self, block_size: int, length: int) -> list[bytes]:
-        """Chained hashes (ovbuild.runtime.prefix) of the full blocks among the first `length` committed tokens."""
+        """Chained hashes (ovbuild.runtime.cache.prefix) of the full blocks among the first `length` committed
+        tokens."""
         known = self.hashes.get(block_size, [])
         if len(known) < length // block_size:
             extra = self.images.block_key if self.images is not None else None

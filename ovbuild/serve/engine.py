@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ovbuild.errors import OvbuildError, OverloadedError
-from ovbuild.runtime.logprobs import TokenLogprob
+from ovbuild.runtime.decode.logprobs import TokenLogprob
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.streaming import TextStream, step_until_done

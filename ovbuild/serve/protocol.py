@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from ovbuild.errors import RequestError
-from ovbuild.runtime.logprobs import MAX_LOGPROBS, TokenLogprob
+from ovbuild.runtime.decode.logprobs import MAX_LOGPROBS, TokenLogprob
 from ovbuild.runtime.prompts import PromptLimits
 from ovbuild.runtime.request import GenerationConfig
 

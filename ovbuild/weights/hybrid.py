@@ -2,9 +2,10 @@
 
 Published checkpoints (Qwen3.5 / 3.6 / 3.8 dense, `model_type` qwen3_5) are vision-language models: config.json
 nests the language model under `text_config` and the weights under `model.language_model.`; the vision tower
-(`vision_config`, `model.visual.*`) and the multi-token-prediction head (`mtp.*`) are left out: a checkpoint with a
-`vision_config` gets `mrope`, and its IR takes image embeddings and three-axis positions as inputs (docs/vision.md).
-A text-only checkpoint (`qwen3_5_text`, Qwen3_5ForCausalLM) is flat with weights under `model.`.
+(`vision_config`, `model.visual.*`) is read by `vision_qwen.py` into an IR of its own, and the multi-token-prediction
+head (`mtp.*`) is ignored. A checkpoint with a `vision_config` gets `mrope`: its language model takes image
+embeddings and three-axis positions as inputs (docs/vision.md). A text-only checkpoint (`qwen3_5_text`,
+Qwen3_5ForCausalLM) is flat with weights under `model.`.
 """
 
 from __future__ import annotations
