@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from ovbuild.ir import ImageKeys, read_ir
-from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_ROWS, MROPE_OFFSETS
+from ovbuild.ir.ports import IMAGE_ROWS, MROPE_OFFSETS, PLACED_EMBEDS
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
 from ovbuild.testing.tiny_moe import write_tiny_minicpmv
 
 from export_helpers import ovbuild
 
-IMAGE_PORTS = {str(MROPE_OFFSETS), str(IMAGE_EMBEDS), str(IMAGE_ROWS)}
+IMAGE_PORTS = {str(MROPE_OFFSETS), str(PLACED_EMBEDS), str(IMAGE_ROWS)}
 
 
 def test_vision_language_targets_export_with_image_inputs(tmp_path, capsys):
@@ -22,7 +22,7 @@ def test_vision_language_targets_export_with_image_inputs(tmp_path, capsys):
         inputs = {p.get_any_name(): p for p in model.inputs}
         assert set(inputs) >= IMAGE_PORTS
         assert str(inputs[MROPE_OFFSETS].get_partial_shape()) == "[?,3]"
-        assert str(inputs[IMAGE_EMBEDS].get_partial_shape()) == "[?,64]"
+        assert str(inputs[PLACED_EMBEDS].get_partial_shape()) == "[?,64]"
         assert ImageKeys.from_model(model) == ImageKeys((1, 1, 2), True)
         run = ovbuild(capsys, "inspect", tmp_path / f"{name}_ir")
         assert run.code == 0 and "image_embeds" in run.out, run.err

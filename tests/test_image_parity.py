@@ -12,7 +12,7 @@ import pytest
 
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.ir import ImageKeys
-from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_ROWS, MROPE_OFFSETS
+from ovbuild.ir.ports import IMAGE_ROWS, MROPE_OFFSETS, PLACED_EMBEDS
 from ovbuild.reference.hybrid import HybridReference
 from ovbuild.reference.moe import MoeHybridReference
 from ovbuild.runtime.cache.kv_cache import SequenceRows
@@ -63,10 +63,10 @@ def test_the_ir_records_what_it_takes(target):
     cfg, weights, _ = target
     model = build_hybrid_target(cfg, weights, TAPS)
     names = {p.get_any_name() for p in model.inputs}
-    assert {MROPE_OFFSETS, IMAGE_EMBEDS, IMAGE_ROWS} <= names
+    assert {MROPE_OFFSETS, PLACED_EMBEDS, IMAGE_ROWS} <= names
     assert ImageKeys.from_model(model) == ImageKeys((1, 1, 2), True)
     text = build_hybrid_target(dataclasses.replace(cfg, mrope=None), weights, TAPS)
-    assert not {MROPE_OFFSETS, IMAGE_EMBEDS, IMAGE_ROWS} & {p.get_any_name() for p in text.inputs}
+    assert not {MROPE_OFFSETS, PLACED_EMBEDS, IMAGE_ROWS} & {p.get_any_name() for p in text.inputs}
     assert ImageKeys.from_model(text) is None
 
 
@@ -114,7 +114,7 @@ def run_schedule(model: PagedModel, reference: HybridReference, cfg, prompts, sc
             "state_rows": np.array(np.cumsum([n for _, n in call]) - 1, np.int64),  # each sequence's last row
             MROPE_OFFSETS: np.concatenate(offsets),
             IMAGE_ROWS: np.array(image_rows, np.int64),
-            IMAGE_EMBEDS: np.concatenate(embeds) if embeds else np.zeros((0, HIDDEN), np.float32),
+            PLACED_EMBEDS: np.concatenate(embeds) if embeds else np.zeros((0, HIDDEN), np.float32),
         }
         for i in cfg.linear_layers:
             held = [states.get(s, {}).get(i, (np.zeros(conv, np.float32), np.zeros(rec, np.float32))) for s, _ in call]
@@ -188,7 +188,7 @@ def test_no_images_and_equal_axes_give_the_text_irs_logits(target, shift):
                 "position_ids": pos,
                 MROPE_OFFSETS: np.full((len(ids), 3), shift, np.int64),
                 IMAGE_ROWS: np.zeros(0, np.int64),
-                IMAGE_EMBEDS: np.zeros((0, HIDDEN), np.float32),
+                PLACED_EMBEDS: np.zeros((0, HIDDEN), np.float32),
             },
         ),
     ):

@@ -15,7 +15,7 @@ import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.ops import Output, i64, named, parameter
-from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_ROWS, MROPE_OFFSETS
+from ovbuild.ir.ports import IMAGE_ROWS, MROPE_OFFSETS, PLACED_EMBEDS
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ImageInputs:
 def image_inputs(hidden_size: int) -> ImageInputs:
     """The three parameters, declared by their ports."""
     return ImageInputs(
-        parameter(MROPE_OFFSETS, [-1, 3]), parameter(IMAGE_EMBEDS, [-1, hidden_size]), parameter(IMAGE_ROWS, [-1])
+        parameter(MROPE_OFFSETS, [-1, 3]), parameter(PLACED_EMBEDS, [-1, hidden_size]), parameter(IMAGE_ROWS, [-1])
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ovbuild.errors import RequestError, UnsupportedError
-from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_ROWS, MROPE_OFFSETS
+from ovbuild.ir.ports import IMAGE_ROWS, MROPE_OFFSETS, PLACED_EMBEDS
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,7 +145,7 @@ class ImageCall:
         return {
             MROPE_OFFSETS: np.concatenate(self.offsets) if self.offsets else np.zeros((0, 3), np.int64),
             IMAGE_ROWS: np.array(self.rows, np.int64),
-            IMAGE_EMBEDS: np.concatenate(self.embeds) if self.embeds else np.zeros((0, self.width), np.float32),
+            PLACED_EMBEDS: np.concatenate(self.embeds) if self.embeds else np.zeros((0, self.width), np.float32),
         }
 
 

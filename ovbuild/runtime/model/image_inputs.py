@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_ROWS, MROPE_OFFSETS
+from ovbuild.ir.ports import IMAGE_ROWS, MROPE_OFFSETS, PLACED_EMBEDS
 
 
 def image_width(inputs: list) -> int | None:
     """The embedding width of a compiled model's image_embeds input (ov outputs), None for a model without one."""
-    port = next((p for p in inputs if p.get_any_name() == IMAGE_EMBEDS), None)
+    port = next((p for p in inputs if p.get_any_name() == PLACED_EMBEDS), None)
     return None if port is None else port.get_partial_shape()[1].get_length()
 
 
@@ -18,5 +18,5 @@ def text_call(rows: int, width: int) -> dict[str, np.ndarray]:
     return {
         MROPE_OFFSETS: np.zeros((rows, 3), np.int64),
         IMAGE_ROWS: np.zeros(0, np.int64),
-        IMAGE_EMBEDS: np.zeros((0, width), np.float32),
+        PLACED_EMBEDS: np.zeros((0, width), np.float32),
     }
