@@ -11,12 +11,14 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from ovbuild.errors import ConfigError
-from ovbuild.runtime.images import image_prompts
+from ovbuild.errors import ConfigError, RequestError, UnsupportedError
+from ovbuild.processor import QwenImageProcessor, decode_image
+from ovbuild.runtime.images import ImageInput, ImagePrompt, image_prompts, needs_processing, per_prompt
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
 from ovbuild.runtime.prompts import PromptLimits, prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.streaming import stream_until_done
+from ovbuild.runtime.vision import VisionTower
 
 # streamer(text) for one prompt, streamer(index, text) for a list; returning True stops that request.
 Streamer = Callable[..., bool | None]
@@ -42,6 +44,8 @@ class LLM:
         elif option_fields:
             raise ConfigError("LLM: pass either options= or runtime option keywords, not both")
         self.pipeline = Pipeline(target_dir, draft_dir, options)
+        self.target_dir, self.device = Path(target_dir), options.device
+        self._prompter: ImagePrompter | None = None
         self.limits = PromptLimits.from_pipeline(self.pipeline)
         self.config = GenerationConfig(eos_token_ids=self.pipeline.eos_token_ids)  # the model's defaults
 
@@ -58,16 +62,24 @@ class LLM:
 
         `config` (one, or one per prompt) defaults to `self.config`; keywords override its fields
         (max_new_tokens=..., stop_strings=..., num_assistant_tokens=..., ignore_eos=True drops the EOS ids).
-        `images`: what a prompt shows, as embeddings a vision tower made (`ovbuild.runtime.images.ImageInput`, one
-        list for one prompt, one list or ImagePrompt per prompt for several); the prompt holds their placeholders."""
+        `images`: what a prompt shows: image sources (paths, bytes, data URLs, Pillow images) for a text prompt,
+        processed and encoded by the target folder's processor and vision tower; or embeddings a tower made
+        (`ovbuild.runtime.images.ImageInput`s) for a prompt that holds their placeholders. One list for one prompt;
+        for several, one list (or ImagePrompt, or None) per prompt."""
         items, single = prompt_list(prompts)
         configs = config if isinstance(config, list) else [config] * len(items)
         if len(configs) != len(items):
             raise ConfigError(f"LLM.generate: {len(configs)} configs for {len(items)} prompts")
         scheduler = self.pipeline.scheduler(use_draft=use_draft)
         index: dict[int, int] = {}
-        encoded = [self.pipeline.encode(prompt) if isinstance(prompt, str) else prompt for prompt in items]
-        shown = image_prompts(images, [len(ids) for ids in encoded], single)
+        encoded, entries = [], per_prompt(images, len(items), single)
+        for i, (prompt, entry) in enumerate(zip(items, entries, strict=True)):
+            if needs_processing(entry):
+                if not isinstance(prompt, str):
+                    raise RequestError(f"prompt {i + 1}: image files go with a text prompt", "images")
+                prompt, entries[i] = self.image_prompter().prompt(prompt, list(entry))
+            encoded.append(self.pipeline.encode(prompt) if isinstance(prompt, str) else prompt)
+        shown = image_prompts(entries, [len(ids) for ids in encoded], False)
         for i, (ids, cfg, pictures) in enumerate(zip(encoded, configs, shown, strict=True)):
             cfg = self.request_config(cfg, **overrides)
             self.limits.check_ids(ids)
@@ -83,6 +95,12 @@ class LLM:
         texts = [r.text for r in sorted(scheduler.finished, key=lambda r: index[r.id])]
         return texts[0] if single else texts
 
+    def image_prompter(self) -> ImagePrompter:
+        """The target folder's image processor and vision tower (compiled on first use)."""
+        if self._prompter is None:
+            self._prompter = ImagePrompter(self.target_dir, self.pipeline.tokenizer, self.device)
+        return self._prompter
+
     def request_config(self, config: GenerationConfig | None = None, **overrides) -> GenerationConfig:
         """`config` (default: the model's) with keyword overrides; ignore_eos=True clears the EOS ids."""
         config = config or self.config
@@ -95,3 +113,36 @@ class LLM:
         except TypeError as e:
             known = ", ".join(f.name for f in dataclasses.fields(GenerationConfig))
             raise ConfigError(f"unknown generation option ({e}); known: {known}, ignore_eos") from e
+
+
+class ImagePrompter:
+    """Text prompts that show images: each image decoded and processed as the target's processor does
+    (preprocessor_config.json in its folder), encoded by its vision tower, and placed at its placeholder tokens."""
+
+    def __init__(self, folder: Path, tokenizer, device: str = "CPU"):
+        self.tower, self.tokenizer = VisionTower.in_folder(folder, device), tokenizer
+        self.processor = QwenImageProcessor.from_folder(folder)
+        self.image_id = tokenizer.token_to_id(self.processor.tokens.image)
+        if self.image_id is None:
+            raise UnsupportedError(f"{folder}: the tokenizer has no {self.processor.tokens.image} token")
+
+    def with_placeholders(self, text: str, count: int) -> str:
+        """`text` as it is when it holds image tokens, else with `count` images' placeholders before it."""
+        tokens = self.processor.tokens
+        if tokens.image in text:
+            return text
+        return (tokens.vision_start + tokens.image + tokens.vision_end) * count + text
+
+    def prompt(self, text: str, sources: list) -> tuple[list[int], ImagePrompt]:
+        """Token ids of `text` with one placeholder run per image, and its ImagePrompt. A text without the image
+        token gets the images first (as Qwen's chat template renders a message's images before its text)."""
+        processed = [self.processor.process(decode_image(source)) for source in sources]
+        text = self.with_placeholders(text, len(processed))
+        ids = self.tokenizer.encode(self.processor.expand_prompt(text, processed), add_special_tokens=False).ids
+        starts = [i for i, t in enumerate(ids) if t == self.image_id and (i == 0 or ids[i - 1] != self.image_id)]
+        embeds = self.tower.encode([p.pixel_values for p in processed], [p.grid for p in processed])
+        merge, images = self.tower.merge, []
+        for start, image, rows in zip(starts, processed, embeds, strict=True):
+            t, h, w = (int(g) for g in image.grid[0])
+            images.append(ImageInput(start, rows, (t, h // merge, w // merge), image.content_hash))
+        return ids, ImagePrompt.of(len(ids), images)

@@ -149,14 +149,27 @@ class ImageCall:
         }
 
 
+def per_prompt(images, prompts: int, single: bool) -> list:
+    """`images` as one entry (or None) per prompt: for one prompt it is that prompt's."""
+    if images is None:
+        return [None] * prompts
+    entries = [images] if single else list(images)
+    if len(entries) != prompts:
+        raise RequestError(f"images for {len(entries)} prompts, {prompts} prompts given", "images")
+    return entries
+
+
+def needs_processing(entry) -> bool:
+    """Whether a prompt's images entry holds image sources (paths, bytes, Pillow images) rather than embeddings."""
+    return (
+        entry is not None and not isinstance(entry, ImagePrompt) and not all(isinstance(i, ImageInput) for i in entry)
+    )
+
+
 def image_prompts(images, prompt_lens: list[int], single: bool) -> list[ImagePrompt | None]:
     """Each prompt's ImagePrompt from what a caller gave: None (text prompts); for one prompt its ImageInput list or
     an ImagePrompt; for several, one such entry (or None) per prompt."""
-    if images is None:
-        return [None] * len(prompt_lens)
-    entries = [images] if single else list(images)
-    if len(entries) != len(prompt_lens):
-        raise RequestError(f"images for {len(entries)} prompts, {len(prompt_lens)} prompts given", "images")
+    entries = per_prompt(images, len(prompt_lens), single)
     out = []
     for entry, length in zip(entries, prompt_lens, strict=True):
         if entry is None or isinstance(entry, ImagePrompt):
