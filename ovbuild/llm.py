@@ -8,6 +8,7 @@ llm.generate(["def f():", "import os\\n"])              # -> [str, str], run as 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
 from ovbuild.runtime.prompts import PromptLimits, prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.streaming import stream_until_done
-from ovbuild.runtime.vision import VisionTower
+from ovbuild.runtime.vision.encoder import VisionEncoder
 
+QWEN_TOWER = "qwen3_5_vision"  # the vision tower family whose image files ImagePrompter processes
 # streamer(text) for one prompt, streamer(index, text) for a list; returning True stops that request.
 Streamer = Callable[..., bool | None]
 
@@ -120,7 +122,12 @@ class ImagePrompter:
     (preprocessor_config.json in its folder), encoded by its vision tower, and placed at its placeholder tokens."""
 
     def __init__(self, folder: Path, tokenizer, device: str = "CPU"):
-        self.tower, self.tokenizer = VisionTower.in_folder(folder, device), tokenizer
+        self.encoder, self.tokenizer = VisionEncoder(folder, device), tokenizer
+        if self.encoder.record.family != QWEN_TOWER:
+            raise UnsupportedError(
+                f"{folder}: image files through a {self.encoder.record.family} tower are not wired yet (the Qwen3.5 "
+                "family's are); pass its embeddings as ImageInputs with their positions (ImagePrompt.of)"
+            )
         self.processor = QwenImageProcessor.from_folder(folder)
         self.image_id = tokenizer.token_to_id(self.processor.tokens.image)
         if self.image_id is None:
@@ -140,8 +147,8 @@ class ImagePrompter:
         text = self.with_placeholders(text, len(processed))
         ids = self.tokenizer.encode(self.processor.expand_prompt(text, processed), add_special_tokens=False).ids
         starts = [i for i, t in enumerate(ids) if t == self.image_id and (i == 0 or ids[i - 1] != self.image_id)]
-        embeds = self.tower.encode([p.pixel_values for p in processed], [p.grid for p in processed])
-        merge, images = self.tower.merge, []
+        embeds = self.encoder.encode([(p.pixel_values, p.grid) for p in processed], [p.content_hash for p in processed])
+        merge, images = math.isqrt(self.encoder.record.patches_per_token), []  # the merge window's side
         for start, image, rows in zip(starts, processed, embeds, strict=True):
             t, h, w = (int(g) for g in image.grid[0])
             images.append(ImageInput(start, rows, (t, h // merge, w // merge), image.content_hash))

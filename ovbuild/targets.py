@@ -22,18 +22,22 @@ from ovbuild.families import declared_family, family_builder
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.graph.target import build_target
+from ovbuild.graph.vision.minicpm import build_minicpm_vision
 from ovbuild.graph.vision.qwen3_5 import build_qwen_vision
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import MODEL_STEM
 from ovbuild.ir.ports import CONV_STATE, RECURRENT_STATE, Port
 from ovbuild.testing.tiny import write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
-from ovbuild.testing.tiny_moe import write_tiny_minicpmv, write_tiny_moe_target
+from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
+from ovbuild.testing.tiny_moe import write_tiny_moe_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
 from ovbuild.weights.target import QWEN3_LAYOUT, TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
+from ovbuild.weights.vision_minicpm import ARCHITECTURE as MINICPMV4_7
+from ovbuild.weights.vision_minicpm import MiniCPMVisionConfig, MiniCPMVisionWeights, load_minicpm_vision
 from ovbuild.weights.vision_qwen import QWEN_VISION_ARCHITECTURES, load_qwen_vision
 
 # Every IR of a target folder keyed by file stem, from (config, weights, the layers tapped for a draft, policy).
@@ -83,8 +87,9 @@ QWEN3_5 = TargetFamily(
         "qwen3_5_text": partial(write_tiny_hybrid_target, text_only=True),
         "qwen3_5_moe": write_tiny_moe_target,
         "qwen3_5_moe_per_expert": partial(write_tiny_moe_target, per_expert=True),
-        "minicpmv4_7_1b": partial(write_tiny_minicpmv, kind="1b"),
-        "minicpmv4_7_a3b": partial(write_tiny_minicpmv, kind="a3b"),
+        # the vision-language checkpoints whole: the export writes their vision tower beside the target
+        "minicpmv4_7_1b": partial(write_tiny_minicpm_vision, kind="1b"),
+        "minicpmv4_7_a3b": partial(write_tiny_minicpm_vision, kind="a3b"),
     },
 )
 
@@ -127,7 +132,25 @@ QWEN3_5_VISION = VisionTower(
     load=load_qwen_vision,
     build=build_qwen_vision,
 )
-VISION_TOWERS: tuple[VisionTower, ...] = (QWEN3_5_VISION,)
+
+
+def _load_minicpm(checkpoint: Checkpoint) -> tuple[MiniCPMVisionConfig, WeightSource]:
+    # the config's downsample_mode: one IR per mode (the other mode is a second build)
+    cfg, weights = load_minicpm_vision(checkpoint)
+    return cfg, weights.source
+
+
+def _build_minicpm(cfg: MiniCPMVisionConfig, weights: WeightSource, policy: WeightPolicy) -> ov.Model:
+    return build_minicpm_vision(cfg, MiniCPMVisionWeights(weights, cfg), policy)
+
+
+MINICPMV4_7_VISION = VisionTower(
+    name="minicpmv4_7_vision",  # SigLIP-style tower, window merger and downsampling merger (1B and 35B-A3B alike)
+    architectures=(MINICPMV4_7,),
+    load=_load_minicpm,
+    build=_build_minicpm,
+)
+VISION_TOWERS: tuple[VisionTower, ...] = (QWEN3_5_VISION, MINICPMV4_7_VISION)
 VISION_BY_ARCHITECTURE: dict[str, VisionTower] = {a: v for v in VISION_TOWERS for a in v.architectures}
 
 

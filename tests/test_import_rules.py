@@ -29,8 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "targets": {"errors", "ir", "weights", "graph", "testing", "families"},  # families: the one family lookup
     "export": {"version", "errors", "signals", "ir", "weights", "graph", "families", "targets"},
     "testing": {"errors", "ir", "weights", "reference", "runtime"},
-    "llm": {"errors", "runtime", "processor"},  # processor: images=[paths] are processed before the runtime sees them
-    "serve": {"errors", "signals", "ir", "runtime"},  # signals: the Ray CLI restores its SIGTERM handling
+    "llm": {"errors", "runtime", "processor"},  # processor: images=[paths] are processed before the runtime
+    # signals: the Ray CLI restores its SIGTERM handling; version: GET /version
+    "serve": {"version", "errors", "signals", "ir", "runtime"},
     "processor": {"errors"},  # no OpenVINO: ovbuild.ir would bring it in, so it reads its JSON files itself
 }
 TOP = {"ovbuild", "cli", "commands", "demo"}
@@ -43,7 +44,8 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "runtime.decode": set(),
     "runtime.model": {"runtime.cache"},
     "runtime.speculation": {"runtime.cache", "runtime.decode", "runtime.model"},
-    "runtime": {"runtime.cache", "runtime.decode", "runtime.model", "runtime.speculation"},
+    "runtime.vision": {"runtime.model"},  # the device check; nothing of the requests or the scheduler
+    "runtime": {"runtime.cache", "runtime.decode", "runtime.model", "runtime.speculation", "runtime.vision"},
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 from ovbuild.errors import ConfigError, RequestError, TensorError, UnsupportedError
 from ovbuild.graph.vision.minicpm import build_minicpm_vision
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.ir import MiniCPMVisionIR, core
+from ovbuild.ir import VisionIR, core
 from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_TOKEN_COUNTS, MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES
 from ovbuild.reference.vision_minicpm import image_features, load_arrays, nearest_position_ids
 from ovbuild.testing import F32_NMSE, nmse
@@ -94,8 +94,8 @@ def test_each_image_sees_only_itself(folders):
 def test_the_ir_records_how_to_pack_and_count(folders):
     for mode, per_token, multiple in (("16x", 16, 4), ("4x", 4, 2)):
         cfg, weights = load_minicpm_vision(Checkpoint.open(folders["1b"]), mode)
-        record = MiniCPMVisionIR.from_model(build_minicpm_vision(cfg, weights))
-        assert record == MiniCPMVisionIR(2, 3, mode, per_token, multiple, 64, "minicpmv4_7")
+        record = VisionIR.from_model(build_minicpm_vision(cfg, weights))
+        assert record == VisionIR("minicpmv4_7_vision", 3, 32, 4, 3, 2, 256, 64, per_token, multiple, None, mode)
 
 
 @pytest.mark.parametrize("side", [16, 70])
@@ -184,7 +184,7 @@ def test_node_names_are_unique_paths_and_int8_stays_close(folders):
 )
 def test_the_record_refuses_inputs_the_ir_cannot_encode(folders, shape, sizes, named):
     cfg, weights = load_minicpm_vision(Checkpoint.open(folders["1b"]))
-    record = MiniCPMVisionIR.from_model(build_minicpm_vision(cfg, weights))
+    record = VisionIR.from_model(build_minicpm_vision(cfg, weights))
     record.check_inputs((1, 3, 2, 2 * 96), [(8, 12)])
     with pytest.raises(RequestError, match=named) as caught:
         record.check_inputs(shape, sizes)

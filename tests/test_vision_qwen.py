@@ -158,8 +158,9 @@ def exported(tmp_path_factory, checkpoints):
 def test_export_writes_the_vision_ir_in_float(exported, checkpoints):
     model = read_ir(exported / "with" / VISION_FILE)
     record = VisionIR.from_model(model)
-    assert (record.family, record.depth, record.patch_size, record.spatial_merge_size) == ("qwen3_5_vision", 2, 2, 2)
+    assert (record.family, record.depth, record.patch_size, record.grid_multiple) == ("qwen3_5_vision", 2, 2, 2)
     assert (record.temporal_patch_size, record.out_hidden_size, record.num_position_embeddings) == (2, 64, 36)
+    assert (record.patches_per_token, record.downsample_mode) == (4, None)
     assert WeightStorage.from_model(model).weight_format == "keep"  # int8 applies to the language model only
     assert WeightStorage.from_model(read_ir(exported / "with")).weight_format == "int8"
     cfg, weights = load_qwen_vision(Checkpoint.open(checkpoints["moe"]))
@@ -181,7 +182,8 @@ def test_cli_no_vision_and_inspect_geometry(capsys, exported, checkpoints, tmp_p
     assert run.code == 0, run.err
     assert f"{VISION_FILE}: reads and compiles on CPU" in run.out
     assert "vision tower qwen3_5_vision: 2 blocks, width 32, 2 heads" in run.out
-    assert "one token of width 64 per 2x2 patches" in run.out
+    assert "patches 2x2x2 pixels of 3 channels; position grid 6x6" in run.out
+    assert "one token of width 64 per 4 patches (grids in multiples of 4 pixels)" in run.out
 
 
 def test_node_names_are_paths(checkpoints):

@@ -169,12 +169,15 @@ def format_report(report: FolderReport) -> str:
 
 def vision_lines(v: VisionIR) -> list[str]:
     """A vision tower's geometry: what an image becomes (patches, merged tokens) and the tower's size."""
-    p, t, m = v.patch_size, v.temporal_patch_size, v.spatial_merge_size
+    p, g = v.patch_size, v.grid_multiple
     side = round(v.num_position_embeddings**0.5)
+    frames = f"{v.temporal_patch_size}x" if v.temporal_patch_size is not None else ""
+    mode = f", downsample {v.downsample_mode}" if v.downsample_mode is not None else ""
     return [
         f"  vision tower {shown(v.family)}: {v.depth} blocks, width {v.hidden_size}, {v.num_heads} heads",
-        f"    patches {t}x{p}x{p} (frames x pixels) of {v.in_channels} channels; position grid {side}x{side}",
-        f"    one token of width {v.out_hidden_size} per {m}x{m} patches (grids in multiples of {m * p} pixels)",
+        f"    patches {frames}{p}x{p} pixels of {v.in_channels} channels; position grid {side}x{side}",
+        f"    one token of width {v.out_hidden_size} per {v.patches_per_token} patches{mode} "
+        f"(grids in multiples of {g * p} pixels)",
     ]
 
 

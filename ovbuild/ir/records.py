@@ -9,6 +9,8 @@ Markov-head layout) reads, so their names and values must not change; `runtime_o
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,13 +18,13 @@ import openvino as ov
 
 from ovbuild.errors import RequestError
 from ovbuild.ir.codec import BOOL, FLOAT, INT, INTS, LOCATORS, SET, STEM, STRS, Key, Record, Where, part, rt
-from ovbuild.ir.ports import MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES
+from ovbuild.ir.ports import GRID_THW, MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES, PIXEL_VALUES
 from ovbuild.version import __version__
 
 # Every rt_info key an ovbuild IR carries, once.
 VERSION = Key("ovbuild/version")
 OPENVINO_VERSION = Key("ovbuild/openvino_version")
-KIND = Key("ovbuild/kind")  # "target", "draft" or "markov_head"
+KIND = Key("ovbuild/kind")  # "target", "draft", "markov_head" or "vision"
 FAMILY = Key("ovbuild/family")
 NUM_KV_HEADS = Key("pa/num_kv_heads", INT)
 HEAD_SIZE = Key("pa/head_size", INT)
@@ -74,9 +76,11 @@ VISION_NUM_HEADS = Key("ovbuild/vision/num_heads", INT)
 VISION_IN_CHANNELS = Key("ovbuild/vision/in_channels", INT)
 VISION_PATCH_SIZE = Key("ovbuild/vision/patch_size", INT)
 VISION_TEMPORAL_PATCH_SIZE = Key("ovbuild/vision/temporal_patch_size", INT)
-VISION_MERGE_SIZE = Key("ovbuild/vision/spatial_merge_size", INT)
 VISION_POSITION_GRID = Key("ovbuild/vision/num_position_embeddings", INT)
 VISION_OUT_HIDDEN_SIZE = Key("ovbuild/vision/out_hidden_size", INT)
+VISION_PATCHES_PER_TOKEN = Key("ovbuild/vision/patches_per_token", INT)
+VISION_GRID_MULTIPLE = Key("ovbuild/vision/grid_multiple", INT)
+VISION_DOWNSAMPLE_MODE = Key("ovbuild/vision/downsample_mode")
 MARKOV_RANK = Key("markov_rank", INT)
 MARKOV_HEAD_TYPE = Key("markov_head_type")
 MARKOV_HEAD_MODE = Key("markov_head_mode", STRS)
@@ -303,21 +307,25 @@ class MarkovHeadIR(Record):
 @dataclass(frozen=True)
 class VisionIR(Record):
     """A vision-language target's openvino_vision_model.xml: the tower's geometry, which the image processor sizes
-    images by (patches of temporal_patch_size x patch_size x patch_size, grids a multiple of spatial_merge_size)
-    and the runtime counts placeholder tokens by (one per spatial_merge_size^2 patches, out_hidden_size wide)."""
+    images by (patches of patch_size pixels, every grid side a multiple of `grid_multiple` patches) and the runtime
+    counts placeholder tokens by (one per `patches_per_token` patches, out_hidden_size wide). Both towers write the
+    common fields; the Qwen3.5 family's adds `temporal_patch_size` (its pixels are [patches, C*T*P*P] with grids
+    (t, h, w)), MiniCPM-V's `downsample_mode` (pixels [1, C, P, patches*P], grids (h, w) per crop)."""
 
     FIXED = _identity("vision")
 
-    family: str | None = rt(FAMILY)  # "qwen3_5_vision"
+    family: str | None = rt(FAMILY)  # the VisionTower's name: "qwen3_5_vision", "minicpmv4_7_vision"
     depth: int = rt(VISION_DEPTH)
     hidden_size: int = rt(HIDDEN_SIZE)  # the tower's width
     num_heads: int = rt(VISION_NUM_HEADS)
     in_channels: int = rt(VISION_IN_CHANNELS)
     patch_size: int = rt(VISION_PATCH_SIZE)
-    temporal_patch_size: int = rt(VISION_TEMPORAL_PATCH_SIZE)
-    spatial_merge_size: int = rt(VISION_MERGE_SIZE)
-    num_position_embeddings: int = rt(VISION_POSITION_GRID)
+    num_position_embeddings: int = rt(VISION_POSITION_GRID)  # a square table of learned positions
     out_hidden_size: int = rt(VISION_OUT_HIDDEN_SIZE)  # the language model's hidden size
+    patches_per_token: int = rt(VISION_PATCHES_PER_TOKEN)
+    grid_multiple: int = rt(VISION_GRID_MULTIPLE)
+    temporal_patch_size: int | None = rt(VISION_TEMPORAL_PATCH_SIZE, None, when=SET)  # Qwen3.5 family
+    downsample_mode: str | None = rt(VISION_DOWNSAMPLE_MODE, None, when=SET)  # MiniCPM-V: "16x" or "4x"
 
     @classmethod
     def from_model(cls, model: ov.Model, path: str | Path | None = None) -> VisionIR | None:
@@ -325,6 +333,38 @@ class VisionIR(Record):
         if KIND.read(model, Where(model, path)) != "vision":
             return None
         return super().from_model(model, path)
+
+    @property
+    def inputs(self) -> tuple[str, str]:
+        """The IR's (pixels, grids) input names."""
+        if self.temporal_patch_size is not None:  # the Qwen3.5 family's layout
+            return PIXEL_VALUES, GRID_THW
+        return MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES
+
+    def check_inputs(self, pixel_shape: tuple[int, ...], grid: Sequence[Sequence[int]]) -> int:
+        """The tokens the call gives; a RequestError naming the input for one this IR cannot encode: every grid
+        side a positive multiple of grid_multiple, and pixels shaped as the grids say (Qwen3.5 family
+        [sum t*h*w, C*T*P*P] with grids (t, h, w); MiniCPM-V [1, C, P, sum h*w * P] with grids (h, w))."""
+        pixels, grids = self.inputs
+        frames = self.temporal_patch_size is not None
+        rows = [tuple(int(v) for v in row) for row in grid]
+        if not rows:
+            raise RequestError(f"{grids}: no image to encode", grids)
+        if any(len(row) != (3 if frames else 2) for row in rows):
+            raise RequestError(f"{grids}: {rows} is not a list of {'(t, h, w)' if frames else '(h, w)'} rows", grids)
+        g = self.grid_multiple
+        bad = [row for row in rows if min(row) < 1 or row[-2] % g or row[-1] % g]
+        if bad:
+            raise RequestError(f"{grids}: patch grids {bad} are not positive multiples of {g}", grids)
+        patches = sum(math.prod(row) for row in rows)
+        c, p = self.in_channels, self.patch_size
+        expected = (patches, c * self.temporal_patch_size * p * p) if frames else (1, c, p, patches * p)
+        if tuple(pixel_shape) != expected:
+            raise RequestError(
+                f"{pixels}: shape {list(pixel_shape)}, expected {list(expected)} for {patches} patches of {p} x {p}",
+                pixels,
+            )
+        return patches // self.patches_per_token
 
 
 @dataclass(frozen=True)
@@ -342,47 +382,3 @@ class SpecialTokens:
         for name, value in vars(self).items():
             if value is not None:
                 model.set_rt_info(value, name)
-
-
-# MiniCPM-V 4.7 vision tower (graph/vision/minicpm.py): its keys and record, kept apart from the text IRs'.
-MINICPM_VISION_PATCH_SIZE = Key("ovbuild/minicpm_vision/patch_size", INT)
-MINICPM_VISION_CHANNELS = Key("ovbuild/minicpm_vision/num_channels", INT)
-MINICPM_VISION_MODE = Key("ovbuild/minicpm_vision/downsample_mode")  # "16x" or "4x"
-MINICPM_VISION_PATCHES_PER_TOKEN = Key("ovbuild/minicpm_vision/patches_per_token", INT)
-MINICPM_VISION_GRID_MULTIPLE = Key("ovbuild/minicpm_vision/grid_multiple", INT)
-
-
-@dataclass(frozen=True)
-class MiniCPMVisionIR(Record):
-    """A MiniCPM-V 4.7 vision tower IR: what a caller needs to pack its images (`patch_size`, `num_channels`, every
-    grid side a multiple of `grid_multiple`) and to count their placeholders (h * w / `patches_per_token`);
-    `hidden_size` is the language model's, the width of each output token."""
-
-    FIXED = _identity("vision")
-
-    patch_size: int = rt(MINICPM_VISION_PATCH_SIZE, required=True)
-    num_channels: int = rt(MINICPM_VISION_CHANNELS, required=True)
-    downsample_mode: str = rt(MINICPM_VISION_MODE, required=True)
-    patches_per_token: int = rt(MINICPM_VISION_PATCHES_PER_TOKEN, required=True)
-    grid_multiple: int = rt(MINICPM_VISION_GRID_MULTIPLE, required=True)
-    hidden_size: int | None = rt(HIDDEN_SIZE)
-    family: str | None = rt(FAMILY, "minicpmv4_7")
-
-    def check_inputs(self, pixel_shape: tuple[int, ...], target_sizes: list[tuple[int, int]]) -> None:
-        """Refuse a call this IR cannot encode (RequestError naming the input): pixel_values must be
-        [1, num_channels, patch_size, L * patch_size] with L = sum h * w, every h and w a multiple of grid_multiple."""
-        c, p, g = self.num_channels, self.patch_size, self.grid_multiple
-        if not target_sizes:
-            raise RequestError(f"{MINICPM_TARGET_SIZES}: no image to encode", MINICPM_TARGET_SIZES)
-        bad = [(h, w) for h, w in target_sizes if h < g or w < g or h % g or w % g]
-        if bad:
-            raise RequestError(
-                f"{MINICPM_TARGET_SIZES}: patch grids {bad} are not positive multiples of {g}", MINICPM_TARGET_SIZES
-            )
-        patches = sum(h * w for h, w in target_sizes)
-        if tuple(pixel_shape) != (1, c, p, patches * p):
-            raise RequestError(
-                f"{MINICPM_PIXEL_VALUES}: shape {list(pixel_shape)}, expected [1, {c}, {p}, {patches * p}] for "
-                f"{patches} patches of {p} x {p}",
-                MINICPM_PIXEL_VALUES,
-            )

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ovbuild.weights.tensor_names import WeightSource
 from ovbuild.weights.vision_minicpm import MiniCPMVisionConfig, MiniCPMVisionWeights, tensor_params
 
 
@@ -169,3 +170,15 @@ def image_features(cfg: MiniCPMVisionConfig, a: dict, pixel_values: np.ndarray, 
     sizes = np.asarray(sizes, np.int64)
     hidden = vision_tower(cfg, a, np.asarray(pixel_values, np.float64), sizes)
     return merger(cfg, a, hidden, sizes // 2 if cfg.uses_window_merger else sizes)
+
+
+class MiniCPMVisionReference:
+    """The tower on tiny checkpoints: `forward(pixel_values, target_sizes)` -> [tokens, LM hidden], every image's
+    tokens in order. `weights`: the reader `load_minicpm_vision` returns, or the WeightSource under it."""
+
+    def __init__(self, cfg: MiniCPMVisionConfig, weights: MiniCPMVisionWeights | WeightSource):
+        reader = weights if isinstance(weights, MiniCPMVisionWeights) else MiniCPMVisionWeights(weights, cfg)
+        self.cfg, self.arrays = cfg, load_arrays(reader)
+
+    def forward(self, pixel_values: np.ndarray, target_sizes: np.ndarray) -> np.ndarray:
+        return np.concatenate(image_features(self.cfg, self.arrays, pixel_values, target_sizes))

@@ -221,7 +221,8 @@ class Scheduler(Admission, Verification):
             self.drafting.planner.released(request)
         request.metrics.finish_time = time.perf_counter()
         request.metrics.num_generated_tokens = len(request.generated)
-        if not request.text and self.detokenize is not None:
+        # a stop string sets the text, "" when it starts the output: only the other endings decode the tokens here
+        if request.finish_reason is not FinishReason.STOP_STRING and self.detokenize is not None:
             request.text = self.detokenize(request.generated)
         self._free_caches(request)
         self.running.remove(request)

@@ -98,6 +98,7 @@ def generation_config(
     with the seed `seed + i`. max_tokens 0 (echo alone) runs one token, which the answer leaves out. Raises
     RequestError naming the field."""
     _refuse_unsupported(body)
+    _check_seed(body)
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if body.max_tokens == 0 and not getattr(body, "echo", False):
         raise RequestError("max_tokens = 0 needs echo: true (the prompt's logprobs alone)", "max_tokens")
@@ -138,11 +139,23 @@ def _sampling(body: SamplingFields, sample: int) -> dict:
     if not body.temperature or body.top_k == 1:
         return {"do_sample": False}
     seed = body.seed + sample if body.seed is not None else secrets.randbits(63)
-    if seed < 0:
-        raise RequestError(f"seed must be >= 0, got {body.seed}", "seed")
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
     top_p = body.top_p if body.top_p is not None else 1.0
     return {"do_sample": True, "temperature": body.temperature, "top_k": top_k, "top_p": top_p, "rng_seed": seed}
+
+
+# Sample i of n draws with seed + i, and a seed is a 64-bit Philox key (ovbuild.runtime.decode.sampling).
+SEED_LIMIT = 2**64
+
+
+def _check_seed(body: SamplingFields) -> None:
+    """A seed is in [0, 2**64 - n]: every sample's seed + i must be a 64-bit key (refused, not wrapped around)."""
+    if body.seed is not None and not 0 <= body.seed <= SEED_LIMIT - body.n:
+        raise RequestError(
+            f"seed must be an integer in [0, 2**64 - n] = [0, {SEED_LIMIT - body.n}] (sample i of n draws with "
+            f"seed + i), got {body.seed}",
+            "seed",
+        )
 
 
 def _refuse_unsupported(body: SamplingFields) -> None:

@@ -16,6 +16,7 @@ from ovbuild.errors import ConfigError, TensorError, UnsupportedError
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.tensor import WeightTensor
+from ovbuild.weights.tensor_names import WeightSource
 
 ARCHITECTURE = "MiniCPMV4_7ForConditionalGeneration"
 DOWNSAMPLE_MODES = ("16x", "4x")  # 16x: window merger and merger, 16 patches a token; 4x: merger only, 4
@@ -60,10 +61,16 @@ class MiniCPMVisionConfig:
     merge_kernel: tuple[int, int]  # the merger's (h, w) groups
     merger_times: int
     llm_hidden_size: int  # what the last merger round projects to
+    family: str = "minicpmv4_7_vision"  # the VisionTower's name and the IR's `ovbuild/family`
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def depth(self) -> int:
+        """Encoder layers, which the export's progress follows."""
+        return self.num_layers
 
     @property
     def positions_per_side(self) -> int:
@@ -227,16 +234,29 @@ def tensor_params(canonical: str) -> tuple[str, ...]:
     return PARAMS.get(canonical, ("weight", "bias"))
 
 
+def weight_table(cfg: MiniCPMVisionConfig) -> dict[str, str]:
+    """`canonical.param` -> checkpoint name, a WeightSource's table (`layers.{i}.` rows kept as templates, merger
+    rounds spelled out): what the export streams the tensors through."""
+    table = {}
+    for key, name in TENSORS.items():
+        rounds = range(cfg.merger_times) if "{m}" in key else (None,)
+        for m, param in ((m, p) for m in rounds for p in tensor_params(key)):
+            canonical = key if m is None else key.format(m=m)
+            table[f"{canonical}.{param}"] = f"{name.replace('{m}', str(m))}.{param}"
+    return table
+
+
 class MiniCPMVisionWeights:
     """Reads the vision tensors of one checkpoint by canonical name (`layers.3.fc1`, `merger.0.linear_1`), each
-    shape-checked against the config; a missing or misshaped tensor raises TensorError naming it."""
+    shape-checked against the config, through a WeightSource over `weight_table` (the export's streaming one, or a
+    plain one); a missing or misshaped tensor raises TensorError naming it."""
 
-    def __init__(self, checkpoint: Checkpoint, cfg: MiniCPMVisionConfig):
-        self.checkpoint, self.cfg = checkpoint, cfg
+    def __init__(self, source: WeightSource, cfg: MiniCPMVisionConfig):
+        self.source, self.cfg = source, cfg
 
     def get(self, canonical: str, param: str = "weight") -> WeightTensor:
         """Tensor `param` of `canonical` as stored, shape-checked."""
-        return self.checkpoint.get(tensor_name(canonical, param), tensor_shape(self.cfg, canonical, param))
+        return self.source.get(f"{canonical}.{param}", tensor_shape(self.cfg, canonical, param))
 
     def canonical_names(self) -> list[str]:
         return canonical_names(self.cfg)
@@ -249,4 +269,4 @@ def load_minicpm_vision(
     cfg = parse_minicpm_vision(checkpoint.config, str(checkpoint.config_path))
     if downsample_mode is not None:
         cfg = cfg.with_mode(downsample_mode)
-    return cfg, MiniCPMVisionWeights(checkpoint, cfg)
+    return cfg, MiniCPMVisionWeights(WeightSource(checkpoint, weight_table(cfg)), cfg)

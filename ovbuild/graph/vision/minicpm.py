@@ -34,7 +34,7 @@ from ovbuild.graph.vision.minicpm_grid import (
     token_counts,
 )
 from ovbuild.graph.weights import WeightPolicy, f32_constant
-from ovbuild.ir import MiniCPMVisionIR, write_rt_info
+from ovbuild.ir import VisionIR, write_rt_info
 from ovbuild.ir.ports import IMAGE_EMBEDS, IMAGE_TOKEN_COUNTS, MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES
 from ovbuild.weights.vision_minicpm import MiniCPMVisionConfig, MiniCPMVisionWeights
 
@@ -180,7 +180,7 @@ def build_minicpm_vision(
     model = ov.Model(
         [result(embeds, IMAGE_EMBEDS), result(counts, IMAGE_TOKEN_COUNTS)], [pixel_values, sizes], "minicpm_vision"
     )
-    write_rt_info(model, vision_ir(cfg))
+    write_rt_info(model, vision_ir(cfg), ctx.policy.storage())
     return model
 
 
@@ -190,13 +190,18 @@ def grid_multiple(cfg: MiniCPMVisionConfig) -> int:
     return window * max(cfg.merge_kernel) ** cfg.merger_times
 
 
-def vision_ir(cfg: MiniCPMVisionConfig) -> MiniCPMVisionIR:
+def vision_ir(cfg: MiniCPMVisionConfig) -> VisionIR:
     """The IR's record: how to pack its input and count its output."""
-    return MiniCPMVisionIR(
+    return VisionIR(
+        family=cfg.family,
+        depth=cfg.depth,
+        hidden_size=cfg.hidden_size,
+        num_heads=cfg.num_heads,
+        in_channels=cfg.num_channels,
         patch_size=cfg.patch_size,
-        num_channels=cfg.num_channels,
-        downsample_mode=cfg.downsample_mode,
+        num_position_embeddings=cfg.positions_per_side**2,
+        out_hidden_size=cfg.llm_hidden_size,
         patches_per_token=cfg.patches_per_token,
         grid_multiple=grid_multiple(cfg),
-        hidden_size=cfg.llm_hidden_size,
+        downsample_mode=cfg.downsample_mode,
     )

@@ -233,8 +233,9 @@ def vision_record(cfg: QwenVisionConfig) -> VisionIR:
         num_heads=cfg.num_heads,
         in_channels=cfg.in_channels,
         patch_size=cfg.patch_size,
-        temporal_patch_size=cfg.temporal_patch_size,
-        spatial_merge_size=cfg.spatial_merge_size,
         num_position_embeddings=cfg.num_position_embeddings,
         out_hidden_size=cfg.out_hidden_size,
+        patches_per_token=cfg.merge_unit,
+        grid_multiple=cfg.spatial_merge_size,
+        temporal_patch_size=cfg.temporal_patch_size,
     )
