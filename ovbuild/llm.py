@@ -12,8 +12,11 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from ovbuild.errors import ConfigError, RequestError, UnsupportedError
-from ovbuild.processor import QwenImageProcessor, decode_image
+from ovbuild.processor import MiniCPMVImageProcessor, QwenImageProcessor, decode_image
+from ovbuild.runtime.canvas_positions import CanvasMarkers, canvas_positions
 from ovbuild.runtime.images import ImageInput, ImagePrompt, image_prompts, needs_processing, per_prompt
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
 from ovbuild.runtime.prompts import PromptLimits, prompt_list
@@ -21,7 +24,9 @@ from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.streaming import stream_until_done
 from ovbuild.runtime.vision.encoder import VisionEncoder
 
-QWEN_TOWER = "qwen3_5_vision"  # the vision tower family whose image files ImagePrompter processes
+QWEN_TOWER, MINICPM_TOWER = "qwen3_5_vision", "minicpmv4_7_vision"
+# Each vision tower family's image processor (a tower's VisionIR names its family).
+PROCESSORS = {QWEN_TOWER: QwenImageProcessor, MINICPM_TOWER: MiniCPMVImageProcessor}
 # streamer(text) for one prompt, streamer(index, text) for a list; returning True stops that request.
 Streamer = Callable[..., bool | None]
 
@@ -119,37 +124,70 @@ class LLM:
 
 class ImagePrompter:
     """Text prompts that show images: each image decoded and processed as the target's processor does
-    (preprocessor_config.json in its folder), encoded by its vision tower, and placed at its placeholder tokens."""
+    (preprocessor_config.json in its folder), encoded by its vision tower, and placed at its placeholder tokens, with
+    the three-axis positions of its family's layout (Qwen3.5's, or MiniCPM-V 4.7's canvas)."""
 
     def __init__(self, folder: Path, tokenizer, device: str = "CPU"):
         self.encoder, self.tokenizer = VisionEncoder(folder, device), tokenizer
-        if self.encoder.record.family != QWEN_TOWER:
+        family = self.encoder.record.family
+        if family not in PROCESSORS:
             raise UnsupportedError(
-                f"{folder}: image files through a {self.encoder.record.family} tower are not wired yet (the Qwen3.5 "
-                "family's are); pass its embeddings as ImageInputs with their positions (ImagePrompt.of)"
+                f"{folder}: no image processor for a {family} tower (known: {', '.join(PROCESSORS)})"
             )
-        self.processor = QwenImageProcessor.from_folder(folder)
-        self.image_id = tokenizer.token_to_id(self.processor.tokens.image)
-        if self.image_id is None:
-            raise UnsupportedError(f"{folder}: the tokenizer has no {self.processor.tokens.image} token")
+        self.processor = PROCESSORS[family].from_folder(folder)
+        self.canvas = family == MINICPM_TOWER
+        self.image_id = self.token_id(self.processor.tokens.image, folder)
+        if self.canvas:
+            t = self.processor.tokens
+            newline = tokenizer.encode("\n", add_special_tokens=False).ids
+            if len(newline) != 1:
+                raise UnsupportedError(f"{folder}: the tokenizer writes a newline as {len(newline)} tokens, not one")
+            marks = (t.slice_start, t.slice_end, t.image_start, t.image_end)
+            self.markers = CanvasMarkers(*(self.token_id(m, folder) for m in marks), newline[0])
+
+    def token_id(self, token: str, folder: Path) -> int:
+        """The id of a special token of the processor's; an error naming it when the tokenizer lacks it."""
+        found = self.tokenizer.token_to_id(token)
+        if found is None:
+            raise UnsupportedError(f"{folder}: the tokenizer has no {token} token")
+        return found
 
     def with_placeholders(self, text: str, count: int) -> str:
         """`text` as it is when it holds image tokens, else with `count` images' placeholders before it."""
         tokens = self.processor.tokens
         if tokens.image in text:
             return text
+        if self.canvas:
+            return tokens.image * count + text
         return (tokens.vision_start + tokens.image + tokens.vision_end) * count + text
 
     def prompt(self, text: str, sources: list) -> tuple[list[int], ImagePrompt]:
-        """Token ids of `text` with one placeholder run per image, and its ImagePrompt. A text without the image
-        token gets the images first (as Qwen's chat template renders a message's images before its text)."""
+        """Token ids of `text` with its images' placeholder runs, and its ImagePrompt. A text without the image
+        token gets the images first (as the chat templates render a message's images before its text)."""
         processed = [self.processor.process(decode_image(source)) for source in sources]
         text = self.with_placeholders(text, len(processed))
         ids = self.tokenizer.encode(self.processor.expand_prompt(text, processed), add_special_tokens=False).ids
-        starts = [i for i, t in enumerate(ids) if t == self.image_id and (i == 0 or ids[i - 1] != self.image_id)]
+        runs = [i for i, t in enumerate(ids) if t == self.image_id and (i == 0 or ids[i - 1] != self.image_id)]
         embeds = self.encoder.encode([(p.pixel_values, p.grid) for p in processed], [p.content_hash for p in processed])
+        if self.canvas:
+            return ids, self.canvas_prompt(ids, runs, processed, embeds)
         merge, images = math.isqrt(self.encoder.record.patches_per_token), []  # the merge window's side
-        for start, image, rows in zip(starts, processed, embeds, strict=True):
+        for start, image, rows in zip(runs, processed, embeds, strict=True):
             t, h, w = (int(g) for g in image.grid[0])
             images.append(ImageInput(start, rows, (t, h // merge, w // merge), image.content_hash))
         return ids, ImagePrompt.of(len(ids), images)
+
+    def canvas_prompt(self, ids: list[int], runs: list[int], processed: list, embeds: list) -> ImagePrompt:
+        """MiniCPM-V 4.7: every crop (an image's overview and each slice) is a run of its own between markers, so
+        each becomes an ImageInput of its rows; the positions are the canvas layout of the whole prompt."""
+        types = [int(t == self.image_id) for t in ids]
+        sizes = [(int(h), int(w)) for image in processed for h, w in image.grid]
+        merge = math.isqrt(self.encoder.record.patches_per_token)
+        positions, _ = canvas_positions(ids, types, sizes, self.markers, merge)
+        images, crop = [], 0
+        for image, rows in zip(processed, embeds, strict=True):
+            counts = [int(h * w) // merge**2 for h, w in image.grid]
+            for k, piece in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
+                images.append(ImageInput(runs[crop], piece, (1, 1, len(piece)), f"{image.content_hash}:{k}"))
+                crop += 1
+        return ImagePrompt.of(len(ids), images, positions)

@@ -1,6 +1,6 @@
 """Image files all the way through: `LLM.generate(text, images=[path])` and `ovbuild generate --image PATH` process
 each image as the target's processor does, encode it with the exported vision tower, and place the embeddings at
-the prompt's placeholder tokens; the draft changes nothing."""
+the prompt's placeholder tokens, Qwen3.5's and MiniCPM-V 4.7's (canvas positions); the draft changes nothing."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from ovbuild.ir import VISION_FILE, core, read_ir
 from ovbuild.ir.ports import GRID_THW, IMAGE_EMBEDS, PIXEL_VALUES
 from ovbuild.llm import LLM
 from ovbuild.processor import QwenImageProcessor, decode_image
-from ovbuild.runtime.images import ImageInput
+from ovbuild.runtime.canvas_positions import canvas_positions
+from ovbuild.runtime.images import ImageInput, ImagePrompt
 from ovbuild.testing import F32_NMSE, nmse
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID, write_tiny_hybrid_dflash, write_tiny_hybrid_target
+from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
+from ovbuild.testing.tokenizer import write_tokenizer
 
 from export_helpers import assert_clean_error, ovbuild
 
@@ -102,3 +105,50 @@ def test_a_folder_without_a_tower_refuses_image_files(folders, tmp_path, capsys)
     export(tmp_path / "c", tmp_path / "t", weight_format="keep", quiet=True, vision=False)
     run = ovbuild(capsys, "generate", "--target", tmp_path / "t", "--prompt", "x", "--image", pictures[0])
     assert_clean_error(run, f"no vision tower ({VISION_FILE})")
+
+
+MINICPM_TOKENS = ("<|image_pad|>", "<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>")
+# MiniCPM-V's processor sized to the tiny tower: 2-pixel patches, crops of about 16 x 16 pixels (4 tokens each)
+MINICPM_PROCESSOR = dict(
+    image_processor_type="MiniCPMV4_6ImageProcessor",
+    patch_size=2,
+    scale_resolution=16,
+    max_slice_nums=4,
+    slice_mode=True,
+    downsample_mode="16x",
+    use_image_id=True,
+    image_mean=[0.5] * 3,
+    image_std=[0.5] * 3,
+)
+
+
+def test_minicpmv_image_files_take_the_canvas_layout(tmp_path):
+    """A MiniCPM-V 4.7 target: an image becomes an overview and 2 x 2 slices, each crop a run of its own; every
+    crop's rows are the tower's, the positions are the canvas layout, and the embeddings change the answer."""
+    ckpt = write_tiny_minicpm_vision(tmp_path / "c")
+    write_tokenizer(ckpt, MINICPM_TOKENS)
+    (ckpt / "preprocessor_config.json").write_text(json.dumps(MINICPM_PROCESSOR))
+    export(ckpt, tmp_path / "t", weight_format="keep", quiet=True)
+    picture = tmp_path / "a.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (24, 40, 3), dtype=np.uint8)).save(picture)
+    llm = LLM(tmp_path / "t")
+    ids, shown = llm.image_prompter().prompt("What?", [str(picture)])
+    prompter = llm.image_prompter()
+    types = [int(t == prompter.image_id) for t in ids]
+    processed = prompter.processor.process(decode_image(picture))
+    assert len(shown.images) == 1 + 4 and processed.slices == (2, 2)  # the overview, then the slices row by row
+    sizes = [tuple(int(v) for v in g) for g in processed.grid]
+    positions, delta = canvas_positions(ids, types, sizes, prompter.markers, 4)
+    assert np.array_equal(shown.positions, positions) and shown.delta == delta
+    assert not np.array_equal(positions[1], positions[0])  # not text positions: the crops spread over the canvas
+    rows = np.concatenate([image.embeds for image in shown.images])
+    encoded = prompter.encoder.encode([(processed.pixel_values, processed.grid)])[0]
+    error = nmse(rows, encoded)
+    assert error < F32_NMSE, f"placed crops vs the tower's rows: NMSE {error:.2e}"
+    for image in shown.images:
+        assert set(ids[image.start : image.end]) == {prompter.image_id}
+    kw = dict(max_new_tokens=8, ignore_eos=True)
+    answer = llm.generate("What?", images=[str(picture)], **kw)
+    assert answer == llm.generate(ids, images=shown, **kw)
+    blank = ImagePrompt(tuple(ImageInput(i.start, 0 * i.embeds, i.grid) for i in shown.images), positions, delta)
+    assert answer != llm.generate(ids, images=blank, **kw)
