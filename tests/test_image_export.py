@@ -6,7 +6,7 @@ from __future__ import annotations
 from ovbuild.ir import ImageKeys, read_ir
 from ovbuild.ir.ports import IMAGE_ROWS, MROPE_OFFSETS, PLACED_EMBEDS
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
-from ovbuild.testing.tiny_moe import write_tiny_minicpmv
+from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
 
 from export_helpers import ovbuild
 
@@ -14,7 +14,7 @@ IMAGE_PORTS = {str(MROPE_OFFSETS), str(PLACED_EMBEDS), str(IMAGE_ROWS)}
 
 
 def test_vision_language_targets_export_with_image_inputs(tmp_path, capsys):
-    for name, write in (("qwen3_5", write_tiny_hybrid_target), ("minicpmv", write_tiny_minicpmv)):
+    for name, write in (("qwen3_5", write_tiny_hybrid_target), ("minicpmv", write_tiny_minicpm_vision)):
         ckpt = write(tmp_path / name)
         run = ovbuild(capsys, "export", "-m", ckpt, tmp_path / f"{name}_ir", "--weight-format", "keep", "--quiet")
         assert run.code == 0, run.err
