@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "targets": {"errors", "ir", "weights", "graph", "testing", "families"},  # families: the one family lookup
     "export": {"version", "errors", "signals", "ir", "weights", "graph", "families", "targets"},
     "testing": {"errors", "ir", "weights", "reference", "runtime"},
-    "llm": {"errors", "runtime"},
+    "llm": {"errors", "runtime", "processor"},  # processor: images=[paths] are processed before the runtime
     # signals: the Ray CLI restores its SIGTERM handling; version: GET /version
     "serve": {"version", "errors", "signals", "ir", "runtime"},
     "processor": {"errors"},  # no OpenVINO: ovbuild.ir would bring it in, so it reads its JSON files itself

@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-vision",
         dest="vision",
         action="store_false",
-        help=f"vision-language targets: leave the vision tower out (no {VISION_FILE})",
+        help=f"vision-language targets: leave the vision tower out (no {VISION_FILE}) and build the language model "
+        "without its image inputs",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no log lines, no summary")

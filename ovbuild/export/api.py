@@ -17,7 +17,7 @@ from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.export.compat import check_draft_fits_target
 from ovbuild.export.ir_formats import IrFormat, ir_format
 from ovbuild.export.output_folder import OutputFolder
-from ovbuild.export.package import CONFIG_FILES, Package, provenance
+from ovbuild.export.package import CONFIG_FILES, IMAGE_PROCESSOR_FILES, Package, provenance
 from ovbuild.export.progress import LayerProgress, hub_progress, on_terminal
 from ovbuild.export.source_files import check_copied_files, check_target_tokenizer
 from ovbuild.export.streaming import PageDropper, StreamingSource
@@ -76,7 +76,8 @@ def export(
     """Export checkpoint `model` (hub id or folder; `revision` applies to it) to the folder `out`.
 
     Unset weight options take the per-kind default of `weight_formats` and the policy's own defaults. A
-    vision-language target's vision tower is exported beside it unless `vision` is False.
+    vision-language target's vision tower is exported beside it, and its language model takes image embeddings,
+    unless `vision` is False (then the language model is built as a text-only checkpoint's).
     """
     fmt = ir_format(format)
     options = dict(sym=sym, group_size=group_size, all_layers=all_layers)
@@ -129,13 +130,15 @@ def export_target(
     """The target IR with its taps (and its vision tower's IR, when it has one and `vision`), configs and tokenizer,
     written into the partial folder; returns its family and policy."""
     cfg, weights = load_target(job.ckpt)
+    if not vision:
+        cfg = cfg.text_only()
     build = target_builder(cfg, job.format_name)  # a format the family does not have fails before anything is read
     tower = find_vision_tower(job.ckpt.config, str(job.ckpt.config_path)) if vision else None
     vision_source = tower.load(job.ckpt) if tower is not None else None  # a bad vision_config fails early too
     if cfg.export_note is not None:
         log.info("%s: %s", job.ckpt.source, cfg.export_note)
     taps = target_taps(cfg, job.ckpt.source, target_layer_ids, draft_of, cache_dir)
-    check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
+    check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES, *(IMAGE_PROCESSOR_FILES if tower else ())))
     check_target_tokenizer(job.ckpt)
     policy = job.policy("target")
     log.info("exporting target %s (%s weights, taps %s)", job.ckpt.source, policy.weight_format, list(taps))
@@ -146,6 +149,8 @@ def export_target(
         models |= build_vision(job, tower, *vision_source, policy)
     job.package.save_models(models, provenance(job.ckpt, job.format_name))
     job.package.copy_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
+    if vision_source is not None:
+        job.package.copy_files(job.ckpt, IMAGE_PROCESSOR_FILES)
     job.package.write_generation_config(cfg.eos_token_ids)
     job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
     return cfg.family, policy

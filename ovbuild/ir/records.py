@@ -69,6 +69,8 @@ CONV_KERNEL = Key("ovbuild/linear_attention/conv_kernel", INT)
 NUM_V_HEADS = Key("ovbuild/linear_attention/num_v_heads", INT)
 K_HEAD_DIM = Key("ovbuild/linear_attention/k_head_dim", INT)
 V_HEAD_DIM = Key("ovbuild/linear_attention/v_head_dim", INT)
+MROPE_SECTION = Key("ovbuild/images/mrope_section", INTS)  # a target that takes image embeddings
+MROPE_INTERLEAVED = Key("ovbuild/images/mrope_interleaved", BOOL)
 VISION_DEPTH = Key("ovbuild/vision/depth", INT)
 VISION_NUM_HEADS = Key("ovbuild/vision/num_heads", INT)
 VISION_IN_CHANNELS = Key("ovbuild/vision/in_channels", INT)
@@ -234,6 +236,22 @@ class HybridKeys(Record):
     def from_model(cls, model: ov.Model, path: str | Path | None = None) -> HybridKeys | None:
         """The hybrid keys of a target, None for a target without linear-attention layers."""
         if LAYER_PATTERN.read(model, Where(model, path)) is None:
+            return None
+        return super().from_model(model, path)
+
+
+@dataclass(frozen=True)
+class ImageKeys(Record):
+    """What a target that takes images adds (its mrope_offsets, image_embeds and image_rows inputs): the multi-axis
+    RoPE those positions turn by."""
+
+    mrope_section: tuple[int, ...] = rt(MROPE_SECTION)
+    mrope_interleaved: bool = rt(MROPE_INTERLEAVED)
+
+    @classmethod
+    def from_model(cls, model: ov.Model, path: str | Path | None = None) -> ImageKeys | None:
+        """The image keys of a target, None for a target that takes text only."""
+        if MROPE_SECTION.read(model, Where(model, path)) is None:
             return None
         return super().from_model(model, path)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.runtime.cache.cache_manager import CacheManager
 from ovbuild.runtime.draft_step import DraftStep
+from ovbuild.runtime.images import check_images
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import Request, Status
@@ -76,6 +77,8 @@ class Admission:
             )
         if len(request.prompt) == 0:
             raise UnsupportedError("empty prompt: at least one token is needed")
+        if request.images is not None:
+            check_images(request.images, len(request.prompt), self.target.image_width, f"request {request.id}")
         limits = self.target.vocab_size, self.max_model_len
         check_prompt(request.prompt, request.config.max_new_tokens, *limits, f"request {request.id}")
         for name, cache, length in self.budgets(request):

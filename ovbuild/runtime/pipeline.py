@@ -16,6 +16,7 @@ from ovbuild.ir import MODEL_FILE, Identity, read_ir, read_json
 from ovbuild.runtime.cache.cache_manager import BlocksAndSlots
 from ovbuild.runtime.cache.state_pool import state_specs
 from ovbuild.runtime.folders import check_pair, context_length, exported_model, require_draft, require_target
+from ovbuild.runtime.images import image_prompts
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.model.devices import (
     check_kv_precision,
@@ -180,23 +181,27 @@ class Pipeline:
         trace: bool = False,
         on_step: Callable[[Scheduler], None] | None = None,
         use_draft: bool = True,
+        images=None,
         **sampling,
     ) -> tuple[list[Request], RunMetrics]:
         """Run every prompt (text or token ids; a str or an id list is one prompt) as a concurrent request; returns
         finished requests (in prompt order) and run totals. `sampling`: GenerationConfig's do_sample, temperature,
-        top_k, top_p, rng_seed (greedy by default)."""
+        top_k, top_p, rng_seed (greedy by default). `images`: the ImageInputs one prompt shows (embeddings at its
+        placeholder tokens), or for several prompts one list (or ImagePrompt, or None) each."""
         config = GenerationConfig(
             max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens, **sampling
         )
+        items, single = prompt_list(prompts)
         prompt_ids = [
             np.array(self.encode(p, f"prompt {i + 1}") if isinstance(p, str) else p, np.int64)
-            for i, p in enumerate(prompt_list(prompts)[0])
+            for i, p in enumerate(items)
         ]
         for i, ids in enumerate(prompt_ids):  # every prompt, before the first is queued
             check_prompt(ids, max_new_tokens, self.target.vocab_size, self.max_model_len, f"prompt {i + 1}")
+        shown = image_prompts(images, [len(ids) for ids in prompt_ids], single)
         scheduler = self.scheduler(trace, use_draft)
-        for ids in prompt_ids:
-            scheduler.add_request(ids, config)
+        for ids, pictures in zip(prompt_ids, shown, strict=True):
+            scheduler.add_request(ids, config, images=pictures)
         # an error or Ctrl-C mid-run must not leave blocks or drafter state behind for the next call: the loop aborts
         step_until_done(scheduler, on_step)
         return sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics

@@ -14,6 +14,7 @@ from ovbuild.runtime.decode.detokenizer import Detokenizer
 from ovbuild.runtime.decode.logprobs import TokenLogprob, check_logprobs
 from ovbuild.runtime.decode.penalties import Penalties, check_penalties
 from ovbuild.runtime.decode.sampling import SamplingParams, check_sampling, check_verification
+from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.speculation.drafters.base import Proposal
 from ovbuild.runtime.speculation.planner import AcceptanceStats
@@ -136,6 +137,7 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, with config.logprobs
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first None)
     constraint: OutputConstraint | None = None  # its grammar's state and logit bias (None: unconstrained)
+    images: ImagePrompt | None = None  # the images its prompt shows, kept for recomputing after a preemption
 
     @property
     def context_len(self) -> int:
@@ -148,7 +150,8 @@ class Request:
         tokens."""
         known = self.hashes.get(block_size, [])
         if len(known) < length // block_size:
-            known = chain_hashes(self.committed(0, length), block_size, known)
+            extra = self.images.block_key if self.images is not None else None
+            known = chain_hashes(self.committed(0, length), block_size, known, extra)
             self.hashes[block_size] = known
         return known[: length // block_size]
 

@@ -42,6 +42,7 @@ from ovbuild.runtime.admission import Admission
 from ovbuild.runtime.cache.cache_manager import CacheManager
 from ovbuild.runtime.decode.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.draft_step import DraftStep
+from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
@@ -110,10 +111,13 @@ class Scheduler(Admission, Verification):
             caches["draft"] = self.drafter.cache_manager
         return caches
 
-    def add_request(self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None) -> Request:
-        """Queue a request; it joins the running batch as soon as the caches have room for its prompt."""
+    def add_request(
+        self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None, images: ImagePrompt | None = None
+    ) -> Request:
+        """Queue a request; it joins the running batch as soon as the caches have room for its prompt. `images`: the
+        images its prompt shows (embeddings at their placeholder tokens) and its three-axis positions."""
         config = config or GenerationConfig()
-        request = Request(self._next_id, token_ids(prompt, f"request {self._next_id}"), config)
+        request = Request(self._next_id, token_ids(prompt, f"request {self._next_id}"), config, images=images)
         self._check(request)
         check_logit_bias(config.logit_bias, self.target.vocab_size)
         # compiled grammars are cached: a server compiles a request's grammar off this loop before it gets here

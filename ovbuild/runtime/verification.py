@@ -12,6 +12,7 @@ from ovbuild.ir.ports import GREEDY_IDS, INPUT_IDS, LOGITS, LOGITS_INDICES, POSI
 from ovbuild.runtime.cache.rows import sequence_rows
 from ovbuild.runtime.commit import append_tokens, first_token, record_prompt_logprobs, verified_tokens
 from ovbuild.runtime.draft_step import DraftStep
+from ovbuild.runtime.images import ImageCall
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.model.paged_model import TAPS, PagedModel
 from ovbuild.runtime.request import Request, Status
@@ -38,6 +39,7 @@ class Verification:
         """Run the plan's target call; returns its outputs (taps copied: the requests keep slices of them)."""
         rows, ids, positions, wanted = [], [], [], []
         state_rows = [] if self.target.states is not None else None
+        images = ImageCall(self.target.image_width) if self.target.image_width is not None else None
         for part in plan.rows:
             request, tokens = part.request, part.tokens
             begin = len(ids)
@@ -50,16 +52,16 @@ class Verification:
                 # row and its snapshot rows (the cache manager's choice)
                 decoding = request.status is Status.DECODE
                 state_rows.append(self.target.cache_manager.state_rows(request.target_len, len(tokens), decoding))
+            if images is not None:  # three-axis positions, and the embeddings of the image rows among the tokens
+                images.add(request.images, request.target_len, len(tokens), begin)
             ids += tokens
             positions += range(request.target_len, request.target_len + len(tokens))
             wanted += [begin + w for w in part.wanted]
+        feeds = {INPUT_IDS: ids, POSITION_IDS: positions, LOGITS_INDICES: wanted}  # lists: see InputBinder
+        if images is not None:
+            feeds |= images.inputs()
         compiled, start = self.target.compile_s, time.perf_counter()
-        out = self.target.run(
-            rows,
-            {INPUT_IDS: ids, POSITION_IDS: positions, LOGITS_INDICES: wanted},  # lists: see InputBinder
-            state_rows,
-            plan.taps,
-        )
+        out = self.target.run(rows, feeds, state_rows, plan.taps)
         seconds = time.perf_counter() - start
         self.metrics.target_infer_s += seconds
         self._call_s += seconds

@@ -17,7 +17,7 @@ import numpy as np
 
 from ovbuild.testing.tiny import random_tensor, write_checkpoint, write_tiny_dflash
 from ovbuild.testing.tiny_vision import TINY_QWEN_VISION, qwen_vision_tensors
-from ovbuild.testing.tokenizer import EOS_ID, MASK_ID, write_tokenizer
+from ovbuild.testing.tokenizer import EOS_ID, MASK_ID, QWEN_VISION_TOKENS, write_tokenizer
 
 TINY_HYBRID_TEXT = dict(
     model_type="qwen3_5_text",
@@ -61,6 +61,15 @@ TINY_HYBRID = dict(
     vision_start_token_id=260,
     vision_end_token_id=261,
     tie_word_embeddings=False,
+)
+TINY_PREPROCESSOR = dict(
+    image_processor_type="Qwen2VLImageProcessor",
+    patch_size=2,
+    temporal_patch_size=2,
+    merge_size=2,
+    size={"shortest_edge": 64, "longest_edge": 1024},  # pixels: 8 x 8 up to 32 x 32, so 4 to 64 image tokens
+    image_mean=[0.5, 0.5, 0.5],
+    image_std=[0.5, 0.5, 0.5],
 )
 TINY_HYBRID_TEXT_ONLY = dict(TINY_HYBRID_TEXT, architectures=["Qwen3_5ForCausalLM"])
 
@@ -140,7 +149,9 @@ def write_tiny_hybrid_target(
         tensors |= qwen_vision_tensors(config["vision_config"], config["architectures"][0], seed)
         tensors["mtp.fc.weight"] = random_tensor(rng, (h, 2 * h))
     folder = write_checkpoint(folder, config, tensors, dtype)
-    write_tokenizer(folder)
+    write_tokenizer(folder, () if text_only else QWEN_VISION_TOKENS)
+    if not text_only:  # the image processor's settings, sized to the tiny tower (2 x 2 patches, 2 x 2 merge windows)
+        (folder / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR) + "\n")
     (folder / "generation_config.json").write_text(
         json.dumps({"eos_token_id": text["eos_token_id"], "do_sample": False}) + "\n"
     )

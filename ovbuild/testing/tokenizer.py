@@ -40,8 +40,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def byte_level_tokenizer() -> Tokenizer:
-    """256 byte tokens (ids 0..255) and two special tokens; no merges, so it is tiny and deterministic."""
+# Qwen's vision markers, ids 258..261 after the two above (the tiny vision-language configs' image_token_id etc.)
+QWEN_VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def byte_level_tokenizer(extra: tuple[str, ...] = ()) -> Tokenizer:
+    """256 byte tokens (ids 0..255) and two special tokens, then `extra` special tokens; no merges, so it is tiny and
+    deterministic."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
     vocab = {c: i for i, c in enumerate(byte_chars)}
@@ -50,12 +55,15 @@ def byte_level_tokenizer() -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([EOS_TOKEN, MASK_TOKEN])
     assert tok.token_to_id(EOS_TOKEN) == EOS_ID and tok.token_to_id(MASK_TOKEN) == MASK_ID
+    if extra:
+        tok.add_special_tokens(list(extra))
     return tok
 
 
-def write_tokenizer(folder: Path) -> None:
-    """tokenizer.json and a minimal tokenizer_config.json with a chat template, as Hugging Face checkpoints have."""
-    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+def write_tokenizer(folder: Path, extra: tuple[str, ...] = ()) -> None:
+    """tokenizer.json and a minimal tokenizer_config.json with a chat template, as Hugging Face checkpoints have;
+    `extra`: more special tokens (a vision-language model's markers)."""
+    byte_level_tokenizer(extra).save(str(folder / "tokenizer.json"))
     config = {
         "eos_token": EOS_TOKEN,
         "bos_token": None,

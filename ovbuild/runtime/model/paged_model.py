@@ -11,12 +11,13 @@ import openvino as ov
 
 from ovbuild.errors import UnsupportedError
 from ovbuild.ir import core, gpu_activations_scale_factor
-from ovbuild.ir.ports import CACHES, LOGITS, ROW_OUTPUTS, STATE_ROWS, TAPS
+from ovbuild.ir.ports import CACHES, LOGITS, MROPE_OFFSETS, ROW_OUTPUTS, STATE_ROWS, TAPS
 from ovbuild.runtime.cache.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.cache.kv_cache import PagedKVCache, SequenceRows
 from ovbuild.runtime.cache.state_pool import StatePool, state_specs
 from ovbuild.runtime.model.binding import InputBinder
 from ovbuild.runtime.model.executors import MIN_ROWS, choose_executor
+from ovbuild.runtime.model.image_inputs import image_width, text_call
 from ovbuild.runtime.model.machine import cpu_math, device_kind
 from ovbuild.runtime.model.narrow_weights import narrow_weights
 from ovbuild.runtime.model.padding import PAD_SEQUENCE, pad_inputs, padding_rows
@@ -101,6 +102,8 @@ class PagedModel:
         model = narrow_weights(model, device, config.get("INFERENCE_PRECISION_HINT"))
         self.compiled = compile_paged(model, device, config, kv_cache_precision)
         self.request = self.compiled.create_infer_request()
+        # a target that takes images: the width of its image_embeds (calls that name none are text calls)
+        self.image_width = image_width(self.compiled.inputs)
         budget = cache_mb * 2**20
         self.states, budget = state_pool(self.compiled, budget, state_slots)
         if num_blocks is None:
@@ -250,6 +253,8 @@ class PagedModel:
         """One infer of `request` (this model's, or one of its static copies') with `pad` padding rows (their blocks
         reserved by the caller): the executors (ovbuild.runtime.model.executors) run every call through it."""
         real = sum(r.num_rows for r in rows)
+        if self.image_width is not None and MROPE_OFFSETS not in inputs:
+            inputs = inputs | text_call(real, self.image_width)
         if pad:
             rows, inputs = [*rows, padding_rows(pad)], pad_inputs(inputs, pad)
         layout = self.cache.layout(rows)
