@@ -1,5 +1,5 @@
 """Cost model at real scale: what a speculative step costs against a plain decode step, and the speed-up implied,
-with the old fixed full block and with the adaptive draft length (ovbuild.runtime.speculation).
+with the old fixed full block and with the adaptive draft length (ovbuild.runtime.speculation.planner).
 
 A random target shaped like Qwen3-4B and a draft shaped like z-lab/Qwen3-4B-DFlash-b16 (int8 weights by default) are
 written locally and built. With n sequences of `--context` tokens each, the script first times the target on r rows
@@ -64,13 +64,13 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.moe import MOE_DESIGNS, moe_mlp
 from ovbuild.graph.ops import result
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.runtime.call_cost import BUCKETS
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.kv_cache import SequenceRows, sequence_rows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows, sequence_rows
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import AcceptanceStats, Speculation
+from ovbuild.runtime.speculation.call_cost import BUCKETS
+from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.speculation.planner import AcceptanceStats, Speculation
 from ovbuild.targets import build_paged_target, load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target

@@ -55,11 +55,11 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir.ports import LOGITS, TAPS
-from ovbuild.runtime import machine
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.drafters.base import DraftItem
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.paged_model import PagedModel, bf16_to_f32
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model import machine
+from ovbuild.runtime.model.paged_model import PagedModel, bf16_to_f32
+from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.speculation.drafters.base import DraftItem
 from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint

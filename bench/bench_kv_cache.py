@@ -24,12 +24,12 @@ import numpy as np
 
 from ovbuild.demo import export_pair, shipped_pair
 from ovbuild.ir import read_ir
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.testing.steered import SteeredDrafter
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -42,11 +42,11 @@ import bench_cost_model  # the benchmark helpers beside this file (its folder is
 import numpy as np
 
 from ovbuild.export import export
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import Speculation
+from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tokenizer import write_tokenizer
 

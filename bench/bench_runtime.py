@@ -5,6 +5,16 @@ all measured side by side in one run. By default it uses the tiny random pair (w
 overhead); pass --target/--draft checkpoint folders (e.g. the shipped demo pair) for a real acceptance rate.
 
     python bench/bench_runtime.py [--target CKPT --draft CKPT] [--new-tokens 64] [--rounds 3]
+
+With --structured it measures constrained decoding instead (docs/serve.md#structured-output): a JSON schema against
+no constraint at 1 and 16 requests, alone and with the draft, whose proposals are masked by the grammar (its best
+allowed token where it chose a refused one), the same without the draft's logits (the first allowed token), or left
+whole (for comparison); the
+mask's cost per generated token and per masked row. On the tiny random pair the draft is steered (the target alone's
+tokens, each position right with chance 0.7: a good draft's acceptance); with --target/--draft (e.g. the demo pair's
+checkpoints, which have a tokenizer) it is the real draft.
+
+    python bench/bench_runtime.py --structured [--target CKPT --draft CKPT] [--new-tokens 64] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -19,13 +29,20 @@ import numpy as np
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime import draft_step
+from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.pipeline import eos_token_ids
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import Speculation
+from ovbuild.runtime.speculation.drafters import BlockDrafter, Proposal
+from ovbuild.runtime.speculation.planner import Speculation
+from ovbuild.runtime.structured.grammar import Grammars
+from ovbuild.runtime.structured.spec import Constraint
 from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
+from ovbuild.testing.planner import fixed_speculation
+from ovbuild.testing.steered import SteeredDrafter
+from ovbuild.testing.tokenizer import EOS_ID, write_tokenizer
 from ovbuild.weights.checkpoint import Checkpoint
 
 import harness
@@ -57,8 +74,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--kv-cache-precision", default="u8")
     parser.add_argument("--inference-precision", default=None)
+    parser.add_argument("--structured", action="store_true", help="constrained against free decoding (see above)")
     harness.add_arguments(parser, rounds=3)
     args = parser.parse_args()
+    if args.structured:
+        structured_main(args)
+        return
     harness.start("Runtime: a target and draft pair, 1, 4 and 16 concurrent requests, with the draft and alone")
     with tempfile.TemporaryDirectory() as tmp:
         target_dir = Path(args.target) if args.target else write_tiny_target(Path(tmp) / "t")
@@ -92,6 +113,121 @@ def main() -> None:
                     f"{m.requests.mean_acceptance_length:>10.2f} {m.steps:>6} {m.target_infer_s * 1e3:>9.1f} "
                     f"{m.draft_infer_s * 1e3:>9.1f} {m.host_s * 1e3:>8.1f} {100 * m.host_s / m.wall_s:>5.1f}% "
                     f"{m.host_s * 1e3 / m.steps:>12.3f}"
+                )
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z ]{1,24}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 4},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "tags", "ok"],
+    "additionalProperties": False,
+}
+
+
+# how the draft's proposals meet the grammar: as the runtime does it (a refused token replaced by the draft's best
+# allowed one), without the rows' logits (replaced by the first allowed token), or verified whole (refused tokens are
+# then rejected by the target)
+MASKED = draft_step.allowed_proposal
+DRAFTING = {
+    "masked": MASKED,
+    "no logits": lambda request, proposal: MASKED(request, Proposal(proposal, proposal.q)),
+    "whole": lambda request, proposal: proposal,
+}
+
+
+class Structured:
+    """One side of the structured benchmark: the target alone or with a draft (steered or real; its proposals met by
+    the grammar as `drafting` says), free or under the schema; truths: the target alone's tokens, for steering."""
+
+    def __init__(self, target: PagedModel, draft, grammars, constrained: bool, drafting: str = "masked"):
+        self.target, self.grammars, self.drafting = target, grammars, drafting
+        self.draft = draft  # a BlockDrafter, or a function making a fresh steered drafter per run (it keeps positions)
+        self.constraint = Constraint.json_schema(SCHEMA) if constrained else None
+        self.truths: list[list[int]] = []
+        self.scheduler = self.requests = None  # the last run's
+
+    def __call__(self, prompts: list[list[int]], new_tokens: int) -> harness.Measured:
+        drafter = self.draft() if callable(self.draft) else self.draft
+        s = Scheduler(self.target, drafter, speculation=fixed_speculation(drafter), grammars=self.grammars)
+        config = GenerationConfig(max_new_tokens=new_tokens, constraint=self.constraint)
+        requests = [s.add_request(p, config) for p in prompts]
+        if isinstance(drafter, SteeredDrafter):
+            drafter.truths = {r.id: t for r, t in zip(requests, self.truths, strict=True)}
+        keep = draft_step.allowed_proposal
+        draft_step.allowed_proposal = DRAFTING[self.drafting]
+        try:
+            s.run()
+        finally:
+            draft_step.allowed_proposal = keep
+        self.scheduler, self.requests = s, requests
+        return harness.Measured(s.metrics.wall_s, [r.generated for r in requests])
+
+
+def structured_main(args) -> None:
+    harness.start("Structured output: a JSON schema against free decoding, 1 and 16 requests, alone and drafted")
+    with tempfile.TemporaryDirectory() as tmp:
+        steer = not args.target
+        target_dir = Path(args.target) if args.target else write_tiny_target(Path(tmp) / "t")
+        draft_dir = Path(args.draft) if args.draft else write_tiny_dflash(Path(tmp) / "d")
+        if steer:
+            write_tokenizer(target_dir)
+        tcfg, tweights = load_target(Checkpoint.open(target_dir))
+        dcfg, dweights = load_draft(Checkpoint.open(draft_dir))
+        target_model = build_target(tcfg, tweights, dcfg.target_layer_ids)
+        draft_model = build_dflash_draft(dcfg, dweights, tweights)
+        options = {"kv_cache_precision": args.kv_cache_precision, "inference_precision": args.inference_precision}
+        target = PagedModel(target_model, **options)
+        eos = (EOS_ID,) if steer else eos_token_ids(target_dir)
+        grammars = Grammars(target_dir / "tokenizer.json", eos, target.vocab_size)
+        draft = BlockDrafter(draft_model, **options)
+        if steer:
+            draft = functools.partial(SteeredDrafter, draft, target.vocab_size, accept_chance=0.7)
+        sides = {
+            "free": Structured(target, None, grammars, False),
+            "json": Structured(target, None, grammars, True),
+            "free+draft": Structured(target, draft, grammars, False),
+            **{f"json+draft {d}": Structured(target, draft, grammars, True, d) for d in DRAFTING},
+        }
+        kind = "tiny random pair, steered draft" if steer else f"{target_dir.name}, its draft"
+        print(f"{kind}; vocabulary {target.vocab_size}; {args.new_tokens} new tokens at most per request")
+        print(
+            f"{'requests':>8} {'case':>17} {'tok/s':>8} {'tok/s vs free':>18} {'proposed':>8} {'accepted':>8} "
+            f"{'accept len':>10} {'masked rows':>11} {'mask us/row':>11} {'mask us/token':>13}"
+        )
+        rng = np.random.default_rng(args.seed)
+        for n in (1, 16):
+            prompts = [rng.integers(0, 256, 24).tolist() for _ in range(n)]
+            for free, constrained in ((sides["free"], False), (sides["json"], True)):  # the target alone's tokens
+                truths = [[*p, *g] for p, g in zip(prompts, free(prompts, args.new_tokens).output, strict=True)]
+                for side in sides.values():
+                    if side.draft is not None and (side.constraint is not None) == constrained:
+                        side.truths = truths
+            cases = {name: functools.partial(side, prompts, args.new_tokens) for name, side in sides.items()}
+            rounds = harness.interleave(cases, args.rounds, seed=args.seed + n)
+            harness.require_equal(rounds.outputs, "free", ["free+draft"])
+            harness.require_equal(rounds.outputs, "json", [f"json+draft {d}" for d in DRAFTING])
+            free_tokens = sum(len(r.generated) for r in sides["free"].requests)
+            for name, side in sides.items():
+                m, requests = side.scheduler.metrics, side.requests
+                tokens = sum(len(r.generated) for r in requests)
+                rows = sum(r.constraint.mask_rows for r in requests if r.constraint)
+                mask_s = sum(r.constraint.mask_s for r in requests if r.constraint)
+                per_row = f"{mask_s / rows * 1e6:.1f}" if rows else "-"
+                per_token = f"{mask_s / tokens * 1e6:.1f}" if rows else "-"
+                # tokens/s over free's, within each round (a constrained answer may end before max tokens)
+                speed = harness.ratio_of(
+                    [tokens * f for f in rounds.seconds["free"]],
+                    [free_tokens * t for t in rounds.seconds[name]],
+                )
+                print(
+                    f"{n:>8} {name:>17} {tokens / rounds.median(name):>8.1f} {speed!s:>18} "
+                    f"{m.requests.num_draft_tokens:>8} {m.requests.num_accepted_tokens:>8} "
+                    f"{m.requests.mean_acceptance_length:>10.2f} {rows:>11} {per_row:>11} {per_token:>13}"
                 )
 
 

@@ -19,7 +19,7 @@ fastest of the recent calls the runtime made with about that many rows (CallCost
 a step with a draft call; the best k is the most speculation could give on this pair and machine, and the measured ratio
 is set against it. Minima flatter the floor on a shared machine, so next to it stands what each pinned k measured:
 every prompt run with it and alone in turn (order alternating), the ratio of the summed times. Every static copy
-(ovbuild.runtime.static_rows) is compiled before anything is timed.
+(ovbuild.runtime.model.static_rows) is compiled before anything is timed.
 
     python bench/bench_vs_genai.py [--rounds 5] [--new-tokens 64] [--concurrency 1 4 16 32]
         [--inference-precision f32|bf16]
@@ -40,8 +40,8 @@ import openvino_genai as genai
 
 from ovbuild.demo import DEMO_PROMPTS, export_pair, shipped_pair
 from ovbuild.export import export
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 

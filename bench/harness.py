@@ -209,3 +209,31 @@ def start(title: str) -> None:
     """Print the benchmark's title and the machine line."""
     print(title)
     print(machine_line())
+
+
+def plot_speedups(path: Path, title: str, xlabel: str, series: dict[str, dict[int, Ratio]], machine: str) -> None:
+    """Draw each series' median ratio (with its range as an error bar) against x, as a PNG at `path`: the picture a
+    README shows beside its table (matplotlib, the bench extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for name, points in series.items():
+        xs = sorted(points)
+        medians = [points[x].median for x in xs]
+        spread = [[points[x].median - points[x].low for x in xs], [points[x].high - points[x].median for x in xs]]
+        ax.errorbar(xs, medians, yerr=spread, marker="o", capsize=3, label=name)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({x for points in series.values() for x in points}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("speed-up (median, range over rounds)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, machine, fontsize=5, color="grey")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)

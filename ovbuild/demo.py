@@ -196,8 +196,10 @@ def run_demo(
     num_assistant_tokens: int | None = None,
     rounds: int = 3,
     progress: Callable[[str], None] | None = None,
+    keep: str | Path | None = None,
 ) -> DemoRun:
-    """Export the pair into a temporary folder, then serve the prompts one at a time and all at once, `rounds` times
+    """Export the pair into a temporary folder (into `keep`/target and `keep`/draft, left there for `ovbuild
+    generate` and `ovbuild serve`, when given), then serve the prompts one at a time and all at once, `rounds` times
     each; `progress` hears a short line as each stage starts; num_assistant_tokens None = the adaptive length."""
     from ovbuild.runtime.pipeline import Pipeline
 
@@ -214,12 +216,12 @@ def run_demo(
             sources = write_tiny_target(tmp / "ckpt" / "target"), write_tiny_dflash(tmp / "ckpt" / "draft")
         else:
             sources = shipped_pair()
-        exported = export_pair(*sources, tmp / "exported", say)
+        exported = export_pair(*sources, Path(keep) if keep is not None else tmp / "exported", say)
         say("compiling")
         pipeline = Pipeline(*exported, options)
         # First-call allocations, the draft-length planner's calibration and the copies compiled per row count
-        # (ovbuild.runtime.static_rows) stay out of the timing: a copy compiled in a timed round (0.1-0.4 s, where a
-        # round one request at a time takes 0.4-0.6 s a side) cut that round's speed-up by a fifth or more. Every
+        # (ovbuild.runtime.model.static_rows) stay out of the timing: a copy compiled in a timed round (0.1-0.4 s, where
+        # a round one request at a time takes 0.4-0.6 s a side) cut that round's speed-up by a fifth or more. Every
         # copy, as a draft call's row count depends on when the planner drafts.
         say("warming up")
         pipeline.compile_copies()
@@ -260,6 +262,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("--prompt", action="append", help="replace the built-in prompts (repeatable)")
     p.add_argument("--tiny", action="store_true", help="use the random test pair instead of the trained one")
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="export the pair into DIR/target and DIR/draft and leave it there (then: ovbuild serve --target "
+        "DIR/target --draft DIR/draft)",
+    )
     add_runtime_arguments(p)
     p.set_defaults(run=run)
 
@@ -297,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
         args.num_assistant_tokens,
         args.rounds,
         status,
+        args.keep,
     )
     status("done", end="")
     dim = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
@@ -311,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"=== {c.name}, target alone, median round")
         print(format_metrics(c.alone_metrics, with_draft=False))
     print(f"\nruntime: {demo.runtime}")
+    if args.keep:
+        print(f"the exported pair: {args.keep}/target and {args.keep}/draft")
     print(f"outputs identical with and without the draft: {'yes' if demo.identical else 'NO'}")
     for c in (demo.one_at_a_time, demo.concurrent):
         print("\n".join(summary(c)))
@@ -349,7 +360,7 @@ def forget_acceptance(pipeline: Pipeline) -> None:
     Its 4-token requests draft from prompts alone, where the demo draft is mostly wrong: on a busy 2-core machine
     their misses (run-wide acceptance 0.17 after warm-up) and one slow verification timing kept the planner from
     drafting in any later step, where it accepts 2.5 to 3.9 tokens per step."""
-    from ovbuild.runtime.speculation import Speculation
+    from ovbuild.runtime.speculation.planner import Speculation
 
     warm = pipeline.speculation
     if warm is None:

@@ -42,9 +42,19 @@ class RequestError(OvbuildError):
         self.param = param
 
 
+class GrammarError(RequestError):
+    """A structured-output constraint cannot be compiled: an invalid JSON schema or one using a feature the grammar
+    engine lacks, a bad regex, an unparsable grammar, or a compile that ran past its time bound."""
+
+
 class OverloadedError(OvbuildError):
     """The server already holds as many requests as it may queue; the client should retry later."""
 
 
 class MissingDependencyError(OvbuildError):
     """An optional dependency (an extra such as ovbuild[serve]) is not installed."""
+
+
+class ImageError(OvbuildError):
+    """An image cannot be used: empty, corrupt or truncated, a format ovbuild does not decode, or too large for the
+    stated limits; the message names the source and what is wrong."""

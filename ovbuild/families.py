@@ -2,17 +2,18 @@
 
 This is the build side of a family: checkpoint layouts and config (`weights/families/`), graph builders per IR
 format (`graph/`) and tiny checkpoints (`testing/`). Its runtime side is its drafter plug-in, registered by family
-name in `ovbuild.runtime.drafters` (the runtime never imports this module), and its numpy reference is registered
-with it from the testing side (`ovbuild.testing.references`). `tests/test_families.py` checks that every family
-provides every part; adding one: docs/adding_a_model.md.
+name in `ovbuild.runtime.speculation.drafters` (the runtime never imports this module), and its numpy reference is
+registered with it from the testing side (`ovbuild.testing.references`). `tests/test_families.py` checks that every
+family provides every part; adding one: docs/adding_a_model.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import openvino as ov
 
@@ -36,11 +37,22 @@ from ovbuild.weights.families.dflash2 import LAYOUT as DFLASH2_LAYOUT
 from ovbuild.weights.families.dflash2 import DFlash2Config
 from ovbuild.weights.families.dspark import LAYOUT as DSPARK_LAYOUT
 from ovbuild.weights.families.dspark import DSparkConfig
+from ovbuild.weights.target import TargetConfig
 from ovbuild.weights.tensor_names import WeightSource
 
 # Every IR of a draft folder keyed by file stem (MODEL_STEM, MARKOV_HEAD_STEM of ovbuild.ir). The target source
 # is None when the draft carries its own embedding and lm_head, or the IR format does not embed the target's.
 DraftBuilder = Callable[[DraftConfig, WeightSource, WeightSource | None, WeightPolicy], dict[str, ov.Model]]
+
+
+class FamilyDeclaration(Protocol):
+    """What the lookups below read of a draft or target family: its name and its builders per IR format."""
+
+    name: str
+    builders: Mapping[str, Callable]
+
+
+Declared = TypeVar("Declared", bound=FamilyDeclaration)
 
 
 @dataclass(frozen=True)
@@ -91,11 +103,33 @@ LAYOUTS: tuple[CheckpointLayout, ...] = tuple(layout for f in FAMILIES for layou
 DRAFT_ARCHITECTURES: tuple[str, ...] = tuple(sorted({a for layout in LAYOUTS for a in layout.architectures}))
 
 
+def declared_family(kind: str, families: Sequence[Declared], name: str) -> Declared:
+    """The family of `families` (drafts' or targets', `kind` "draft" or "target") declared as `name` (a config's
+    family, an IR's `ovbuild/family`)."""
+    for f in families:
+        if f.name == name:
+            return f
+    raise UnsupportedError(f"unknown {kind} family '{name}' (known: {', '.join(f.name for f in families)})")
+
+
+def family_builder(
+    kind: str, families: Sequence[Declared], cfg: DraftConfig | TargetConfig, ir_format: str
+) -> Callable[..., dict[str, ov.Model]]:
+    """The builder of `cfg`'s IRs in `ir_format`, from the family of `families` it declares; an error naming its
+    architecture when that family does not have the format (one lookup for drafts and targets)."""
+    f = declared_family(kind, families, cfg.family)
+    if ir_format not in f.builders:
+        having = [g.name for g in families if ir_format in g.builders]
+        raise UnsupportedError(
+            f"{cfg.architecture} ({f.name}): the {ir_format} IR format exists for {', '.join(having)} {kind}s only "
+            f"({f.name} {kind}s export as: {', '.join(f.builders)})"
+        )
+    return f.builders[ir_format]
+
+
 def family(name: str) -> Family:
-    """The family declared as `name` (a DraftConfig's family, an IR's `ovbuild/family`)."""
-    if name not in BY_NAME:
-        raise UnsupportedError(f"unknown draft family '{name}' (known: {', '.join(BY_NAME)})")
-    return BY_NAME[name]
+    """The draft family declared as `name` (a DraftConfig's family, an IR's `ovbuild/family`)."""
+    return declared_family("draft", FAMILIES, name)
 
 
 def detect_layout(config: dict, path: str) -> CheckpointLayout:
@@ -117,14 +151,7 @@ def load_draft(checkpoint: Checkpoint) -> tuple[DraftConfig, WeightSource]:
 
 def draft_builder(cfg: DraftConfig, ir_format: str = "paged") -> DraftBuilder:
     """The builder of a draft's IRs in `ir_format`; an error when its family does not have that format."""
-    f = family(cfg.family)
-    if ir_format not in f.builders:
-        having = [g.name for g in FAMILIES if ir_format in g.builders]
-        raise UnsupportedError(
-            f"the {ir_format} IR format exists for {', '.join(having)} drafts only, not '{f.name}' "
-            f"({f.name} drafts export as: {', '.join(f.builders)})"
-        )
-    return f.builders[ir_format]
+    return family_builder("draft", FAMILIES, cfg, ir_format)
 
 
 def build_draft_models(

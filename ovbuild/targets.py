@@ -13,24 +13,32 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import openvino as ov
 
 from ovbuild.errors import UnsupportedError
+from ovbuild.families import declared_family, family_builder
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.graph.target import build_target
+from ovbuild.graph.vision.minicpm import build_minicpm_vision
+from ovbuild.graph.vision.qwen3_5 import build_qwen_vision
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import MODEL_STEM
 from ovbuild.ir.ports import CONV_STATE, RECURRENT_STATE, Port
 from ovbuild.testing.tiny import write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
-from ovbuild.testing.tiny_moe import write_tiny_minicpmv, write_tiny_moe_target
+from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
+from ovbuild.testing.tiny_moe import write_tiny_moe_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.hybrid import HYBRID_LAYOUT, HybridTargetConfig
 from ovbuild.weights.target import QWEN3_LAYOUT, TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
+from ovbuild.weights.vision_minicpm import ARCHITECTURE as MINICPMV4_7
+from ovbuild.weights.vision_minicpm import MiniCPMVisionConfig, MiniCPMVisionWeights, load_minicpm_vision
+from ovbuild.weights.vision_qwen import QWEN_VISION_ARCHITECTURES, load_qwen_vision
 
 # Every IR of a target folder keyed by file stem, from (config, weights, the layers tapped for a draft, policy).
 TargetBuilder = Callable[[TargetConfig, WeightSource, tuple[int, ...], WeightPolicy], dict[str, ov.Model]]
@@ -79,8 +87,9 @@ QWEN3_5 = TargetFamily(
         "qwen3_5_text": partial(write_tiny_hybrid_target, text_only=True),
         "qwen3_5_moe": write_tiny_moe_target,
         "qwen3_5_moe_per_expert": partial(write_tiny_moe_target, per_expert=True),
-        "minicpmv4_7_1b": partial(write_tiny_minicpmv, kind="1b"),
-        "minicpmv4_7_a3b": partial(write_tiny_minicpmv, kind="a3b"),
+        # the vision-language checkpoints whole: the export writes their vision tower beside the target
+        "minicpmv4_7_1b": partial(write_tiny_minicpm_vision, kind="1b"),
+        "minicpmv4_7_a3b": partial(write_tiny_minicpm_vision, kind="a3b"),
     },
 )
 
@@ -97,6 +106,57 @@ BY_ARCHITECTURE: dict[str, tuple[TargetFamily, TargetLayout]] = {
 }
 SUPPORTED_TARGET_ARCHITECTURES: tuple[str, ...] = tuple(BY_ARCHITECTURE)
 TARGET_ARCHITECTURES: tuple[str, ...] = (*SUPPORTED_TARGET_ARCHITECTURES, *REFUSED)
+
+
+class VisionConfig(Protocol):
+    """What the declarations read of a tower's normalized config (each tower's own class holds the rest)."""
+
+    family: str
+    depth: int  # blocks, which the export's progress follows
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """The vision tower of vision-language targets, exported as its own IR beside the target (ir.VISION_FILE): how
+    its config and tensors are read and how its IR is built. The language model is the target family's."""
+
+    name: str  # its config's family and the IR's `ovbuild/family`
+    architectures: tuple[str, ...]  # the target architectures that carry it
+    load: Callable[[Checkpoint], tuple[VisionConfig, WeightSource]]  # (normalized vision config, tensor source)
+    build: Callable[[VisionConfig, WeightSource, WeightPolicy], ov.Model]
+
+
+QWEN3_5_VISION = VisionTower(
+    name="qwen3_5_vision",  # Qwen3.5 dense and MoE vision-language models hold the same tower
+    architectures=QWEN_VISION_ARCHITECTURES,
+    load=load_qwen_vision,
+    build=build_qwen_vision,
+)
+
+
+def _load_minicpm(checkpoint: Checkpoint) -> tuple[MiniCPMVisionConfig, WeightSource]:
+    # the config's downsample_mode: one IR per mode (the other mode is a second build)
+    cfg, weights = load_minicpm_vision(checkpoint)
+    return cfg, weights.source
+
+
+def _build_minicpm(cfg: MiniCPMVisionConfig, weights: WeightSource, policy: WeightPolicy) -> ov.Model:
+    return build_minicpm_vision(cfg, MiniCPMVisionWeights(weights, cfg), policy)
+
+
+MINICPMV4_7_VISION = VisionTower(
+    name="minicpmv4_7_vision",  # SigLIP-style tower, window merger and downsampling merger (1B and 35B-A3B alike)
+    architectures=(MINICPMV4_7,),
+    load=_load_minicpm,
+    build=_build_minicpm,
+)
+VISION_TOWERS: tuple[VisionTower, ...] = (QWEN3_5_VISION, MINICPMV4_7_VISION)
+VISION_BY_ARCHITECTURE: dict[str, VisionTower] = {a: v for v in VISION_TOWERS for a in v.architectures}
+
+
+def find_vision_tower(config: dict, path: str) -> VisionTower | None:
+    """The vision tower a target's config.json carries (by `architectures[0]`), None for a text-only target."""
+    return VISION_BY_ARCHITECTURE.get(ConfigReader(config, path).architecture())
 
 
 def find_target(config: dict, path: str) -> tuple[TargetFamily, TargetLayout]:
@@ -125,21 +185,12 @@ def load_target(checkpoint: Checkpoint) -> tuple[TargetConfig, WeightSource]:
 
 def target_family(name: str) -> TargetFamily:
     """The target family declared as `name` (a TargetConfig's family, a target IR's `ovbuild/family`)."""
-    if name not in BY_NAME:
-        raise UnsupportedError(f"unknown target family '{name}' (known: {', '.join(BY_NAME)})")
-    return BY_NAME[name]
+    return declared_family("target", TARGETS, name)
 
 
 def target_builder(cfg: TargetConfig, ir_format: str = "paged") -> TargetBuilder:
     """The builder of a target's IRs in `ir_format`; an error when its family does not have that format."""
-    f = target_family(cfg.family)
-    if ir_format not in f.builders:
-        having = [g.name for g in TARGETS if ir_format in g.builders]
-        raise UnsupportedError(
-            f"{cfg.architecture} ({f.name}): the {ir_format} IR format exists for {', '.join(having)} targets only "
-            f"({f.name} targets export as: {', '.join(f.builders)})"
-        )
-    return f.builders[ir_format]
+    return family_builder("target", TARGETS, cfg, ir_format)
 
 
 def build_target_models(

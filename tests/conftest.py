@@ -11,7 +11,7 @@ import pytest
 from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
-from ovbuild.runtime import machine
+from ovbuild.runtime.model import machine
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
@@ -65,8 +65,8 @@ def models(target, draft):
 @pytest.fixture
 def bf16_units(monkeypatch):
     """The CPU plugin's capabilities as a CPU with bf16 units reports them, to the rules that read them
-    (ovbuild.runtime.machine.cpu_capabilities; the rules on CPU flags read machine.cpu_flags, which tests patch the
-    same way): so that those rules are tested on every CPU. Compile nothing under it: the plugin itself still
+    (ovbuild.runtime.model.machine.cpu_capabilities; the rules on CPU flags read machine.cpu_flags, which tests patch
+    the same way): so that those rules are tested on every CPU. Compile nothing under it: the plugin itself still
     computes on this CPU's terms."""
     monkeypatch.setattr(machine, "cpu_capabilities", lambda: ["FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"])
 

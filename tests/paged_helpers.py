@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ovbuild.runtime.kv_cache import MIN_CONTEXT_BOUND, SequenceRows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import MIN_CONTEXT_BOUND, SequenceRows
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.testing import nmse
 
 # Each sequence reserves blocks for this many tokens when it first appears, as the scheduler reserves a request's

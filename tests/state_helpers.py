@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ovbuild.runtime.cache_manager import BlocksAndSlots
-from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
-from ovbuild.runtime.kv_cache import BlockAllocator, SequenceRows
-from ovbuild.runtime.state_pool import StatePool, StateSpec
+from ovbuild.runtime.cache.cache_manager import BlocksAndSlots
+from ovbuild.runtime.cache.kv_cache import BlockAllocator, SequenceRows
+from ovbuild.runtime.cache.state_pool import StatePool, StateSpec
+from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal
 
 VOCAB = 97
 SPECS = [

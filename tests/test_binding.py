@@ -9,7 +9,7 @@ import openvino.opset16 as ops
 import pytest
 
 from ovbuild.ir import core
-from ovbuild.runtime.binding import REUSE_BYTES, InputBinder
+from ovbuild.runtime.model.binding import REUSE_BYTES, InputBinder
 
 
 def doubling_model() -> ov.CompiledModel:

@@ -10,11 +10,11 @@ import pytest
 
 from ovbuild.cli import main
 from ovbuild.demo import export_pair
-from ovbuild.runtime import calibration
-from ovbuild.runtime.calibration import CalibrationCache, calibration_key, folder_identity
-from ovbuild.runtime.call_cost import BUCKETS
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
-from ovbuild.runtime.speculation import CALIBRATION_ROWS
+from ovbuild.runtime.speculation import calibration
+from ovbuild.runtime.speculation.calibration import CalibrationCache, calibration_key, folder_identity
+from ovbuild.runtime.speculation.call_cost import BUCKETS
+from ovbuild.runtime.speculation.planner import CALIBRATION_ROWS
 
 PROMPTS = [list(range(3, 40)), list(range(50, 70))]
 

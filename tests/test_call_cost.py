@@ -1,12 +1,12 @@
-"""Call costs (ovbuild.runtime.call_cost): the curve a planner prices calls by, from measured calls."""
+"""Call costs (ovbuild.runtime.speculation.call_cost): the curve a planner prices calls by, from measured calls."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ovbuild.runtime.call_cost import PHASE_CALLS, CallCost
-from ovbuild.runtime.static_rows import padded_rows
+from ovbuild.runtime.model.static_rows import padded_rows
+from ovbuild.runtime.speculation.call_cost import PHASE_CALLS, CallCost
 
 
 def test_call_cost_interpolates_extrapolates_and_resists_spikes():

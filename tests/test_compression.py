@@ -25,8 +25,8 @@ from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.reference.dflash import DFlashReference
 from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.reference.weights import ReferenceWeights
-from ovbuild.runtime.machine import describe
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.machine import describe
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint

@@ -15,7 +15,7 @@ from ovbuild.families import build_draft_models, load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.reference.qwen3 import Qwen3Reference
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.targets import load_target, parse_target_config
 from ovbuild.testing import (
     F32_NMSE,

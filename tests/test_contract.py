@@ -25,8 +25,8 @@ from ovbuild.ir import (
     WeightStorage,
     read_ir,
 )
-from ovbuild.runtime.drafters import DSparkDrafter
 from ovbuild.runtime.folders import exported_model
+from ovbuild.runtime.speculation.drafters import DSparkDrafter
 from ovbuild.testing import DSPARK_KINDS, TINY_DFLASH2, TINY_DRAFT, TINY_TARGET, write_tiny_dflash2, write_tiny_dspark
 
 REPO = Path(ovbuild.__file__).parent.parent

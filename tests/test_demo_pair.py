@@ -47,8 +47,9 @@ def test_acceptance_stays_above_the_floor_and_output_is_lossless(demo_pipeline):
     assert tau >= ACCEPTANCE_FLOOR, f"mean acceptance length {tau:.2f} fell below {ACCEPTANCE_FLOOR}"
 
 
-# a stop string early (the whole text is decoded) and late (only the tail is decoded until the stop string shows)
-@pytest.mark.parametrize("at", [5, 40])
+# a stop string at the very start (the text is "", not the tokens decoded again), early (the whole text is decoded)
+# and late (only the tail is decoded until the stop string shows)
+@pytest.mark.parametrize("at", [0, 5, 40])
 def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(demo_pipeline, at):
     prompt = demo_pipeline.encode(DEMO_PROMPTS[0])
 
@@ -68,3 +69,21 @@ def test_stop_strings_cut_the_text_the_same_way_with_and_without_draft(demo_pipe
         cut = len(request.text)  # the tokens kept are the fewest whose text reaches past the cut
         assert len(demo_pipeline.decode(request.generated)) > cut >= len(demo_pipeline.decode(request.generated[:-1]))
     assert results[0].generated == results[1].generated
+
+
+def test_demo_keep_leaves_a_pair_that_generates_and_chats(tmp_path, capsys):
+    """`ovbuild demo --keep DIR` exports the shipped pair into DIR and leaves it: both folders load as a pair, and the
+    target carries the shipped plain chat template (role-prefixed lines, then `assistant:`)."""
+    from ovbuild.cli import main
+    from ovbuild.serve.chat import ChatTemplate
+
+    keep = tmp_path / "pair"
+    assert main(["demo", "--keep", str(keep), "--rounds", "1", "--max-new-tokens", "4", "--prompt", "def f():"]) == 0
+    assert f"the exported pair: {keep}/target and {keep}/draft" in capsys.readouterr().out
+    template = ChatTemplate.from_folder(keep / "target")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]
+    assert template.render(messages, True) == "system: Be brief.\nuser: def add(a, b):\nassistant:"
+    pipeline = Pipeline(keep / "target", keep / "draft")
+    (alone,), _ = pipeline.generate(["def f():"], 8, use_draft=False)
+    (drafted,), _ = pipeline.generate(["def f():"], 8, num_assistant_tokens=4)
+    assert drafted.generated == alone.generated and len(alone.generated) > 0

@@ -15,10 +15,10 @@ from ovbuild.ir import core, read_ir, save_ir
 from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.reference.dflash2 import DFlash2Reference
 from ovbuild.reference.dflash2 import greedy_walk as reference_walk
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.lattice import greedy_walk
-from ovbuild.runtime.padding import DRAFT_PADDING
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.padding import DRAFT_PADDING
+from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.speculation.lattice import greedy_walk
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash2, write_tiny_dflash2_short_window
 from ovbuild.weights.checkpoint import Checkpoint
 
@@ -309,7 +309,7 @@ def test_head_keeps_checkpoint_precision_unless_asked(tmp_path):
 
 def test_gpu_compile_config_raises_the_activations_scale_factor(v2, target):
     """Compiled on GPU, the v2 backbone gets at least the scale factor its rt_info asks for (no GPU needed here)."""
-    from ovbuild.runtime.paged_model import compile_config
+    from ovbuild.runtime.model.paged_model import compile_config
 
     _, cfg, weights, _, _ = v2
     model = build_dflash2_draft(cfg, weights, target[1])

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from ovbuild.runtime.draft_step import DraftPlan, DraftPlanner
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import FLUSH_ROWS, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, Speculation
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ovbuild.families import DFLASH, DSPARK, build_draft_models, load_draft
-from ovbuild.runtime.drafters import DRAFTERS, DraftItem
+from ovbuild.runtime.speculation.drafters import DRAFTERS, DraftItem
 from ovbuild.testing.references import REFERENCES as DRAFT_REFERENCES
 from ovbuild.weights.checkpoint import Checkpoint
 

@@ -14,10 +14,10 @@ from ovbuild.ir import core
 from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.reference.dflash2 import greedy_walk
 from ovbuild.reference.dspark import DSparkReference, confident_prefix
-from ovbuild.runtime.drafters import DraftItem, DSparkDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import DraftItem, DSparkDrafter
 from ovbuild.testing import F32_NMSE, nmse
 from ovbuild.testing.planner import fixed_speculation
 

@@ -13,8 +13,8 @@ from ovbuild.graph.weights import WeightPolicy
 from ovbuild.ir import core
 from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.reference.dspark import DSparkReference, sigmoid
-from ovbuild.runtime.padding import DRAFT_PADDING
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.padding import DRAFT_PADDING
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.testing import F32_NMSE
 from ovbuild.testing.references import REFERENCES as DRAFT_REFERENCES
 

@@ -15,12 +15,12 @@ from ovbuild.graph.dspark import MARKOV_HEAD, build_dspark_draft, build_markov_h
 from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
 from ovbuild.reference.dspark import DSparkReference, confident_prefix
-from ovbuild.runtime.drafters import DRAFTERS, DraftItem, DSparkDrafter
-from ovbuild.runtime.drafters.dspark import confident_rows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import DRAFTERS, DraftItem, DSparkDrafter
+from ovbuild.runtime.speculation.drafters.dspark import confident_rows
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter

@@ -24,7 +24,7 @@ from ovbuild.ir import core, read_ir
 from ovbuild.ir.rt_info import flat_rt_info, get_rt_info
 from ovbuild.reference.dflash import DFlashReference
 from ovbuild.reference.qwen3 import Qwen3Reference
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.testing import F32_NMSE
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.safetensors_file import SafetensorsFile, write_safetensors

@@ -16,9 +16,16 @@ from ovbuild.export.ir_formats import IR_FORMATS
 from ovbuild.families import DSPARK, FAMILIES, Family, build_draft_models, detect_layout, load_draft
 from ovbuild.ir import save_ir
 from ovbuild.ir.rt_info import get_rt_info
-from ovbuild.runtime.drafters import DRAFTER_OPTIONS, DRAFTERS, Drafter, DrafterOption, DraftItem, DSparkDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions, load_drafter
+from ovbuild.runtime.speculation.drafters import (
+    DRAFTER_OPTIONS,
+    DRAFTERS,
+    Drafter,
+    DrafterOption,
+    DraftItem,
+    DSparkDrafter,
+)
 from ovbuild.testing import F32_NMSE
 from ovbuild.testing.references import REFERENCES
 from ovbuild.weights.checkpoint import Checkpoint
@@ -152,3 +159,30 @@ def test_tiny_checkpoint_reads_as_the_family_and_builds_in_each_of_its_formats(k
     taps = np.random.default_rng(0).standard_normal((4, width)).astype(np.float32)
     (proposal,) = drafter.propose([DraftItem(0, taps, 17, k)])
     assert len(proposal) == k and all(0 <= t < cfg.vocab_size for t in proposal)
+
+
+def test_drafts_and_targets_are_looked_up_alike():
+    """One lookup for both: a family without the asked IR format, or an unknown family, gets one message shape that
+    names the architecture, the families having the format and the formats the family has."""
+    from types import SimpleNamespace
+
+    from ovbuild.errors import UnsupportedError
+    from ovbuild.families import draft_builder, family
+    from ovbuild.targets import target_builder, target_family
+
+    draft = SimpleNamespace(family="dflash2", architecture="DFlash2DraftModel")
+    target = SimpleNamespace(family="qwen3_5", architecture="Qwen3_5ForCausalLM")
+    expected = {
+        "draft": r"^DFlash2DraftModel \(dflash2\): the genai IR format exists for dflash drafts only \(dflash2 drafts "
+        r"export as: paged\)$",
+        "target": r"^Qwen3_5ForCausalLM \(qwen3_5\): the genai IR format exists for qwen3 targets only \(qwen3_5 "
+        r"targets export as: paged\)$",
+    }
+    with pytest.raises(UnsupportedError, match=expected["draft"]):
+        draft_builder(draft, "genai")
+    with pytest.raises(UnsupportedError, match=expected["target"]):
+        target_builder(target, "genai")
+    with pytest.raises(UnsupportedError, match=r"^unknown draft family 'eagle' \(known: dflash, dflash2, dspark\)$"):
+        family("eagle")
+    with pytest.raises(UnsupportedError, match=r"^unknown target family 'llama' \(known: qwen3, qwen3_5\)$"):
+        target_family("llama")

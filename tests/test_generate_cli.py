@@ -10,7 +10,7 @@ import pytest
 
 from ovbuild import demo
 from ovbuild.cli import main
-from ovbuild.runtime.static_rows import COPY_ROWS
+from ovbuild.runtime.model.static_rows import COPY_ROWS
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 

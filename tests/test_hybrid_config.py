@@ -12,12 +12,15 @@ from ovbuild.targets import load_target, parse_target_config
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID, TINY_HYBRID_TEXT, write_tiny_hybrid_target
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.hybrid import HybridTargetConfig, parse_hybrid_config
+from ovbuild.weights.mrope import MropeSpec
 
 
 def test_multimodal_and_text_only_layouts_read_the_same_model(tmp_path):
     nested = load_target(Checkpoint.open(write_tiny_hybrid_target(tmp_path / "mm")))
     flat = load_target(Checkpoint.open(write_tiny_hybrid_target(tmp_path / "text", text_only=True)))
-    assert nested[0] == replace(flat[0], architecture="Qwen3_5ForConditionalGeneration")
+    # the same language model; the multimodal layout's can also take images
+    assert nested[0].text_only() == replace(flat[0], architecture="Qwen3_5ForConditionalGeneration")
+    assert nested[0].mrope == MropeSpec((1, 1, 2), True, 4) and flat[0].mrope is None
     cfg = nested[0]
     assert isinstance(cfg, HybridTargetConfig) and cfg.family == "qwen3_5"
     assert cfg.layer_pattern == "LLLF" and cfg.full_layers == (3,) and cfg.linear_layers == (0, 1, 2)
@@ -89,3 +92,19 @@ def test_missing_language_model_weights_name_both_prefixes(tmp_path):
     ckpt._where = {k: v for k, v in ckpt._where.items() if "embed_tokens" not in k}
     with pytest.raises(TensorError, match=re.escape("'model.language_model.embed_tokens.weight', 'model.")):
         load_target(ckpt)
+
+
+def test_multi_axis_rope_of_a_vision_language_checkpoint():
+    rope = dict(TINY_HYBRID_TEXT["rope_parameters"], mrope_section=[2, 1, 1], mrope_interleaved=False)
+    cfg = parse_hybrid_config({**TINY_HYBRID, "text_config": {**TINY_HYBRID_TEXT, "rope_parameters": rope}}, "c.json")
+    assert cfg.mrope == MropeSpec((2, 1, 1), False, 4)
+    assert cfg.mrope.axes().tolist() == [0, 0, 1, 2]
+    assert MropeSpec((1, 1, 2), True, 4).axes().tolist() == [0, 1, 2, 0]
+    # transformers' default section (Qwen3.5's published [11, 11, 10]) over 64 rotary dims
+    text = dict(TINY_HYBRID_TEXT, head_dim=256, rope_parameters={"rope_theta": 1e7, "partial_rotary_factor": 0.25})
+    mrope = parse_hybrid_config({**TINY_HYBRID, "text_config": text}, "c.json").mrope
+    assert mrope == MropeSpec((11, 11, 10), True, 32)
+    assert mrope.axes().tolist() == [0, 1, 2] * 10 + [0, 1]
+    rope = dict(TINY_HYBRID_TEXT["rope_parameters"], mrope_section=[1, 1, 1], mrope_interleaved=False)
+    with pytest.raises(ConfigError, match=r"c\.json: key 'text_config\.rope_parameters\.mrope_section.*summing to 4"):
+        parse_hybrid_config({**TINY_HYBRID, "text_config": {**TINY_HYBRID_TEXT, "rope_parameters": rope}}, "c.json")

@@ -12,7 +12,7 @@ from ovbuild.families import load_draft
 from ovbuild.ir import read_ir
 from ovbuild.ir.rt_info import get_rt_info
 from ovbuild.reference.dflash import DFlashReference
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target

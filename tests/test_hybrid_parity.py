@@ -10,8 +10,8 @@ import pytest
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.ir import read_ir, save_ir
 from ovbuild.reference.hybrid import HybridReference
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, nmse
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target

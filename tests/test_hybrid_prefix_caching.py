@@ -8,10 +8,10 @@ import pytest
 from test_hybrid_speculative import hybrid  # noqa: F401 (the module fixture)
 from test_prefix_caching import GREEDY, SAMPLED, conversation_prompts, serve
 
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 
 F32 = dict(kv_cache_precision="f32")
 

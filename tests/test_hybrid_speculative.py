@@ -12,10 +12,10 @@ from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.hybrid_target import build_hybrid_target
 from ovbuild.reference.hybrid import HybridReference
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.targets import load_target
 from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -122,7 +122,7 @@ def test_random_schedules_with_few_state_slots_are_lossless(hybrid):
 def test_default_runtime_options_are_exact(hybrid):
     """The pipeline's target defaults (f16 KV cache on the full layers, f32 math for a target with states; the states
     are always f32)."""
-    from ovbuild.runtime.devices import target_inference_precision
+    from ovbuild.runtime.model.devices import target_inference_precision
     from ovbuild.runtime.pipeline import EXACT_TARGET
 
     cache = EXACT_TARGET.kv_cache_precision

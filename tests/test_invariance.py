@@ -11,14 +11,14 @@ from ovbuild.families import load_draft
 from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.runtime.devices import target_inference_precision
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.cache.rows import MAX_BLOCK_INDICES, MIN_PROMPT_CHUNK, generated_rows_a_call, prompt_chunk
+from ovbuild.runtime.model.devices import target_inference_precision
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 from ovbuild.runtime.request import GenerationConfig
-from ovbuild.runtime.rows import MAX_BLOCK_INDICES, MIN_PROMPT_CHUNK, generated_rows_a_call, prompt_chunk
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.planner import fixed_speculation

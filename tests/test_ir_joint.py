@@ -22,6 +22,7 @@ from ovbuild.ir import (
     MarkovHeadIR,
     Provenance,
     TargetIR,
+    VisionIR,
     WeightStorage,
     write_rt_info,
 )
@@ -131,6 +132,8 @@ RECORDS = [
     DSparkKeys(8, "gated"),
     MarkovHeadIR("dspark", "gated", 8, 100, 64, ("chain", "lattice"), 4, 8),
     MarkovHeadIR("dflash2", "dflash2", 8, 100, 64, top_k=4, version=2),
+    VisionIR("minicpmv4_7_vision", 27, 1152, 16, 3, 14, 4900, 2048, 16, 4, downsample_mode="16x"),
+    VisionIR("qwen3_5_vision", 27, 1152, 16, 3, 16, 2304, 3584, 4, 2, temporal_patch_size=2),
 ]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ovbuild.errors import CacheExhaustedError
-from ovbuild.runtime.kv_cache import BlockAllocator
-from ovbuild.runtime.prefix import chain_hashes
+from ovbuild.runtime.cache.kv_cache import BlockAllocator
+from ovbuild.runtime.cache.prefix import chain_hashes
 
 
 def test_reserve_grows_tables_and_free_returns_every_block():

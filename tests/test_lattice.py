@@ -14,7 +14,7 @@ from ovbuild.graph.lattice import packed_topk_lattice
 from ovbuild.graph.ops import i64, result
 from ovbuild.ir import core
 from ovbuild.reference.dflash2 import greedy_walk as reference_walk
-from ovbuild.runtime.lattice import greedy_walk
+from ovbuild.runtime.speculation.lattice import greedy_walk
 from ovbuild.testing import F32_NMSE, nmse
 
 

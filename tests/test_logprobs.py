@@ -10,10 +10,10 @@ import pytest
 from ovbuild.errors import ConfigError
 from ovbuild.reference.qwen3 import Qwen3Reference
 from ovbuild.runtime import scheduler as scheduler_module
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 
 F32 = dict(kv_cache_precision="f32")
 PROMPT = [5, 17, 33, 2, 90, 41, 5, 5, 17, *range(60, 100), 3]  # longer than a cache block (16 or 32 tokens)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-import ovbuild.runtime.drafters.markov as markov
+import ovbuild.runtime.speculation.drafters.markov as markov
 from ovbuild.errors import ConfigError
 from ovbuild.families import DFLASH2, DSPARK, build_draft_models, load_draft
 from ovbuild.ir import core, save_ir
-from ovbuild.runtime.drafters import DRAFTERS, LatticeDrafter
+from ovbuild.runtime.speculation.drafters import DRAFTERS, LatticeDrafter
 from ovbuild.weights.checkpoint import Checkpoint
 
 WRITERS = {"dflash2": DFLASH2.tiny["dflash2"], "dspark": DSPARK.tiny["dspark_gated"]}

@@ -21,7 +21,7 @@ from ovbuild.graph.weights import WeightPolicy
 from ovbuild.reference.moe import MoeHybridReference, MoeWeights, route
 from ovbuild.reference.moe import moe_mlp as ref_moe_mlp
 from ovbuild.reference.weights import ReferenceWeights
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.targets import load_target, parse_target_config
 from ovbuild.testing import F32_NMSE, nmse
 from ovbuild.testing.tiny_moe import TIED_EXPERTS, TINY_MOE, TINY_MOE_TEXT, write_tiny_moe_target

@@ -38,4 +38,9 @@ def test_equal_axes_give_plain_rope(section, rotary_dim, interleaved):
 
 def test_a_section_that_does_not_cover_the_frequencies_is_refused():
     with pytest.raises(ValueError, match="does not cover"):
-        mrope_angles(np.zeros((3, 1)), np.ones(8), (1, 1, 1), True)
+        mrope_angles(np.zeros((3, 1)), np.ones(8), (1, 1, 1), False)
+
+
+def test_interleaved_sections_are_cut_at_the_last_frequency():
+    # transformers' Qwen3.5 default [11, 11, 10] over 4 frequencies: its slices [1:33:3] and [2:30:3] stop at 4
+    assert mrope_axes((11, 11, 10), True, 4).tolist() == [0, 1, 2, 0]

@@ -1,6 +1,6 @@
 """Narrow float weights: a bf16 or f16 checkpoint's matrices stay in their stored precision in the CPU plugin where
-it computes in that precision, or where widened they would not fit (ovbuild.runtime.narrow_weights), and the logits
-and taps are those of the same model with its weights widened to f32 first (bitwise under bf16 math)."""
+it computes in that precision, or where widened they would not fit (ovbuild.runtime.model.narrow_weights), and the
+logits and taps are those of the same model with its weights widened to f32 first (bitwise under bf16 math)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 
 from ovbuild.graph.target import build_target
 from ovbuild.reference.layers import nmse
-from ovbuild.runtime import narrow_weights as narrowing
-from ovbuild.runtime import paged_model
-from ovbuild.runtime.kv_cache import sequence_rows
-from ovbuild.runtime.narrow_weights import DECOMPRESSION, NARROW_FLOATS, narrow_weights, weight_converts
-from ovbuild.runtime.paged_model import TAPS, PagedModel
+from ovbuild.runtime.cache.kv_cache import sequence_rows
+from ovbuild.runtime.model import narrow_weights as narrowing
+from ovbuild.runtime.model import paged_model
+from ovbuild.runtime.model.narrow_weights import DECOMPRESSION, NARROW_FLOATS, narrow_weights, weight_converts
+from ovbuild.runtime.model.paged_model import TAPS, PagedModel
 from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, TINY_TARGET, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint

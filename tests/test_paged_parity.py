@@ -12,9 +12,9 @@ from ovbuild.graph.target import build_target
 from ovbuild.ir import read_ir, save_ir
 from ovbuild.reference.dflash import DFlashReference
 from ovbuild.reference.qwen3 import Qwen3Reference
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.padding import DRAFT_PADDING
-from ovbuild.runtime.paged_model import TAPS, PagedModel, taps_in_math_precision
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.padding import DRAFT_PADDING
+from ovbuild.runtime.model.paged_model import TAPS, PagedModel, taps_in_math_precision
 from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE, nmse, write_tiny_dflash, write_tiny_target
 from ovbuild.weights.checkpoint import Checkpoint
@@ -47,8 +47,8 @@ DRAFT_SCHEDULE = [
 
 
 # How a PagedModel runs its calls: the dynamic-shape model as they come; the dynamic model, every call whose row count
-# differs from the recent ones with a padding sequence (ovbuild.runtime.padding); static copies per row count
-# (ovbuild.runtime.static_rows, what CPU models this small run by default).
+# differs from the recent ones with a padding sequence (ovbuild.runtime.model.padding); static copies per row count
+# (ovbuild.runtime.model.static_rows, what CPU models this small run by default).
 CALLS = {
     "unpadded": dict(static_rows=False),
     "padded": dict(padding=DRAFT_PADDING, static_rows=False),

@@ -15,7 +15,7 @@ from ovbuild.graph.genai.draft import build_genai_draft
 from ovbuild.graph.genai.target import build_genai_target
 from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.targets import load_target
 from ovbuild.testing import write_tiny_target

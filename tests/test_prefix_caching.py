@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import CacheExhaustedError
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 
 F32 = dict(kv_cache_precision="f32")
 BLOCK = 32  # the tiny target's cache block size on CPU

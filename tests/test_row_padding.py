@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ovbuild.graph.target import build_target
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.padding import LADDER, RowPadding, pad_inputs
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.padding import LADDER, RowPadding, pad_inputs
+from ovbuild.runtime.model.paged_model import PagedModel
 
 
 def test_steady_row_counts_run_as_they_are():

@@ -12,9 +12,9 @@ import pytest
 from ovbuild.errors import ConfigError, RequestError, UnsupportedError
 from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
-from ovbuild.runtime import machine
-from ovbuild.runtime.devices import cpu_kv_precisions, draft_inference_precision, target_inference_precision
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model import machine
+from ovbuild.runtime.model.devices import cpu_kv_precisions, draft_inference_precision, target_inference_precision
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
@@ -338,7 +338,7 @@ def test_static_rows_option_reaches_both_models(tiny_pair, capsys, monkeypatch):
 
 
 def test_static_rows_on_is_refused_off_cpu(tiny_pair, capsys, monkeypatch, no_work):
-    monkeypatch.setattr("ovbuild.runtime.devices.check_device", lambda device: None)  # as if the device existed
+    monkeypatch.setattr("ovbuild.runtime.model.devices.check_device", lambda device: None)  # as if the device existed
     assert_one_line(
         generate(capsys, tiny_pair, "--device", "GPU", "--static-rows", "on"),
         "--static-rows on: static copies run on CPU, not on GPU",
@@ -347,7 +347,7 @@ def test_static_rows_on_is_refused_off_cpu(tiny_pair, capsys, monkeypatch, no_wo
 
 def test_pipeline_refuses_static_rows_off_cpu_as_the_command_does(tiny_pair, monkeypatch, no_work):
     """One check for both (pipeline.check_options): Python's message names the option as Python spells it."""
-    monkeypatch.setattr("ovbuild.runtime.devices.check_device", lambda device: None)  # as if the device existed
+    monkeypatch.setattr("ovbuild.runtime.model.devices.check_device", lambda device: None)  # as if the device existed
     options = RuntimeOptions(device="GPU", target=ModelOptions("f16", None, 16, static_rows=True))
     with pytest.raises(UnsupportedError, match="static_rows=True: static copies run on CPU, not on GPU"):
         Pipeline(*tiny_pair, options)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from ovbuild.errors import ConfigError
+from ovbuild.runtime.decode.sampling import SamplingParams, Uniforms, draw, position_uniforms, processed_probs, race
+from ovbuild.runtime.decode.verify import RowUniforms, residual, verify_point_mass, verify_stochastic
 from ovbuild.runtime.request import GenerationConfig
-from ovbuild.runtime.sampling import SamplingParams, Uniforms, draw, position_uniforms, processed_probs, race
-from ovbuild.runtime.verify import RowUniforms, residual, verify_point_mass, verify_stochastic
 
 # -- direct implementations, written from the definitions (transformers' warpers; Leviathan et al. 2023) -------------
 

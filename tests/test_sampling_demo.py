@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 
 from ovbuild.demo import DEMO_PROMPTS
-from ovbuild.runtime import verify
+from ovbuild.runtime.decode import verify
+from ovbuild.runtime.decode.sampling import race
 from ovbuild.runtime.pipeline import Pipeline
 from ovbuild.runtime.request import GenerationConfig
-from ovbuild.runtime.sampling import race
 
 from sampling_helpers import two_sample_chi_square
 

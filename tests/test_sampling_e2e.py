@@ -10,10 +10,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ovbuild.runtime.drafters import BlockDrafter, Proposal
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter, Proposal
 
 from sampling_helpers import two_sample_chi_square
 

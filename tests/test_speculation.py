@@ -10,12 +10,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from ovbuild.runtime.call_cost import PHASE_CALLS, CallCost
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.model.static_rows import COPY_ROWS, padded_rows
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import (
+from ovbuild.runtime.speculation.call_cost import PHASE_CALLS, CallCost
+from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.speculation.planner import (
     CATCH_UP_STEPS,
     DRAFT_MARGIN,
     MAX_PLAN_BACKOFF,
@@ -23,7 +24,6 @@ from ovbuild.runtime.speculation import (
     AcceptanceStats,
     Speculation,
 )
-from ovbuild.runtime.static_rows import COPY_ROWS, padded_rows
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter

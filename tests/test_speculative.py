@@ -9,10 +9,10 @@ import pytest
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.reference.qwen3 import Qwen3Reference
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -208,7 +208,7 @@ def test_default_runtime_options_are_exact(models, kv):
     cache (keys per token), keep speculation lossless, with rolled-back rows written to the target cache on most
     steps. On a CPU with AVX-512 bf16 units and no AMX the math is bf16, where a k-row verification subsequence rounds
     otherwise than k decode steps: verification rows run as 1-row subsequences there."""
-    from ovbuild.runtime.devices import target_inference_precision
+    from ovbuild.runtime.model.devices import target_inference_precision
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 
     target_model, draft_model = models

@@ -9,10 +9,10 @@ from test_prefix_caching import conversation_prompts, serve
 from ovbuild.families import FAMILIES, build_draft_models, load_draft
 from ovbuild.graph.target import build_target
 from ovbuild.ir import save_ir
-from ovbuild.runtime.drafters import DRAFTERS
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import DRAFTERS
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tiny_dflash2 import write_tiny_dflash2, write_tiny_dflash2_short_window
@@ -90,7 +90,7 @@ def test_sampling_is_reproducible_and_point_mass_families_give_the_target_alone_
 def test_dflash2_drafter_proposes_the_reference_walk(tmp_path, target, writer):
     """Window 10 above block 8, and window 4 below block 7."""
     from ovbuild.reference.dflash2 import greedy_walk
-    from ovbuild.runtime.drafters import DraftItem
+    from ovbuild.runtime.speculation.drafters import DraftItem
     from ovbuild.testing.references import REFERENCES as DRAFT_REFERENCES
 
     dcfg, dweights = load_draft(Checkpoint.open(writer(tmp_path / "ckpt")))

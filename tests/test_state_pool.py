@@ -8,11 +8,11 @@ import pytest
 from state_helpers import SPECS, RandomDrafter, ToyHybridTarget, replay, toy_call
 
 from ovbuild.errors import CacheExhaustedError
-from ovbuild.runtime.cache_manager import BlocksAndSlots
-from ovbuild.runtime.kv_cache import BlockAllocator, SequenceRows
+from ovbuild.runtime.cache.cache_manager import BlocksAndSlots
+from ovbuild.runtime.cache.kv_cache import BlockAllocator, SequenceRows
+from ovbuild.runtime.cache.state_pool import StatePool
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.state_pool import StatePool
 from ovbuild.testing.steered import SteeredDrafter
 
 

@@ -1,5 +1,5 @@
-"""Static row counts (ovbuild.runtime.static_rows): copies compiled per row count against the numpy reference, calls
-cut into parts, and rows that compute bitwise alike whatever call they come in."""
+"""Static row counts (ovbuild.runtime.model.static_rows): copies compiled per row count against the numpy reference,
+calls cut into parts, and rows that compute bitwise alike whatever call they come in."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.reference.dflash import DFlashReference
 from ovbuild.reference.qwen3 import Qwen3Reference
-from ovbuild.runtime import narrow_weights, static_rows
-from ovbuild.runtime.devices import target_inference_precision
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.padding import PAD_SEQUENCE
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model import narrow_weights, static_rows
+from ovbuild.runtime.model.devices import target_inference_precision
+from ovbuild.runtime.model.padding import PAD_SEQUENCE
+from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.model.static_rows import COPY_ROWS as BUCKETS
+from ovbuild.runtime.model.static_rows import copy_size as bucket
+from ovbuild.runtime.model.static_rows import parts
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import Speculation
-from ovbuild.runtime.static_rows import COPY_ROWS as BUCKETS
-from ovbuild.runtime.static_rows import copy_size as bucket
-from ovbuild.runtime.static_rows import parts
+from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.targets import load_target
 from ovbuild.testing import F32_NMSE
 from ovbuild.weights.checkpoint import Checkpoint
@@ -123,7 +123,7 @@ def test_rows_compute_bitwise_alike_in_any_call(
     else its call holds. With copies it does, bitwise, at 1 to 12 rows per call, beside a prompt chunk that runs in
     the dynamic model or in a copy: at f32 math, and at the math ovbuild picks for this CPU (bf16 where that was
     measured exact: with AVX-512 bf16 units and no AMX; f32 elsewhere); with bf16 weights too, kept narrow where the
-    math is bf16, and under f32 math on a machine too small for them widened (ovbuild.runtime.narrow_weights)."""
+    math is bf16, and under f32 math on a machine too small for them widened (ovbuild.runtime.model.narrow_weights)."""
     if short_of_memory:
         monkeypatch.setattr(narrow_weights, "physical_memory_mb", lambda: 1.0)
     checkpoint = Checkpoint.open(tiny_target_bf16) if stored == "bf16" else None

@@ -10,15 +10,15 @@ import pytest
 from ovbuild.errors import CacheExhaustedError
 from ovbuild.reference.layers import nmse
 from ovbuild.reference.qwen3 import Qwen3Reference
-from ovbuild.runtime import paged_model
+from ovbuild.runtime.cache.kv_cache import BlockAllocator, sequence_rows
 from ovbuild.runtime.catch_up import catch_up
-from ovbuild.runtime.drafters import BlockDrafter
-from ovbuild.runtime.kv_cache import BlockAllocator, sequence_rows
-from ovbuild.runtime.paged_model import TAPS, PagedModel
+from ovbuild.runtime.model import paged_model
+from ovbuild.runtime.model.paged_model import TAPS, PagedModel
+from ovbuild.runtime.model.static_rows import weight_bytes
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
-from ovbuild.runtime.speculation import MAX_PLAN_BACKOFF, Speculation
-from ovbuild.runtime.static_rows import weight_bytes
+from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.speculation.planner import MAX_PLAN_BACKOFF, Speculation
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost
 from ovbuild.testing.steered import SteeredDrafter

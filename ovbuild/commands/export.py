@@ -9,6 +9,7 @@ from ovbuild.export import export
 from ovbuild.export.ir_formats import IR_FORMATS
 from ovbuild.export.progress import human_size, on_terminal, stderr_logging
 from ovbuild.export.weight_formats import WEIGHT_FORMATS, default_weight_format
+from ovbuild.ir import VISION_FILE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", help="hub revision of MODEL (branch, tag or commit)")
     p.add_argument("--cache-dir", help="Hugging Face cache folder")
     p.add_argument("--format", default="paged", choices=list(IR_FORMATS), help="IR format (default: paged)")
+    p.add_argument(
+        "--no-vision",
+        dest="vision",
+        action="store_false",
+        help=f"vision-language targets: leave the vision tower out (no {VISION_FILE}) and build the language model "
+        "without its image inputs",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no log lines, no summary")
     p.set_defaults(run=run)
@@ -58,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             quiet=args.quiet,
             format=args.format,
+            vision=args.vision,
         )
     if not args.quiet:
         print(f"exported {result.kind} ({result.family}, {result.weight_format} weights) to {result.out}")

@@ -48,6 +48,14 @@ def register(subparsers) -> None:
         help="send each text prompt as a user message through the target's chat template",
     )
     add_runtime_arguments(p)
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an image the prompt shows (repeatable; one text prompt): processed and encoded by the target folder's "
+        "vision tower, placed at the prompt's image tokens, or before its text when it has none",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument(
         "--num-assistant-tokens",
@@ -57,6 +65,9 @@ def register(subparsers) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     add_sampling_arguments(p)
+    constrained = p.add_mutually_exclusive_group()
+    constrained.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under this JSON schema")
+    constrained.add_argument("--regex", help="the output matches this regular expression")
     p.add_argument("--json", dest="json_path", help="write prompts, tokens, text and metrics to this file")
     p.add_argument("--trace", action="store_true", help="record every speculative step in the --json output")
     p.set_defaults(run=run)
@@ -114,13 +125,7 @@ def prompt_token_ids(
     against the target's vocabulary and context length before the first is queued."""
     from ovbuild.runtime.validation import check_prompt
 
-    template = None
-    if chat:
-        from ovbuild.serve.chat import ChatTemplate
-
-        template = ChatTemplate.from_folder(target)
-        if template is None:
-            raise ConfigError(f"{target}: --chat needs a chat template (chat_template.jinja or tokenizer_config.json)")
+    template = chat_template(target) if chat else None
     out = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
@@ -130,6 +135,52 @@ def prompt_token_ids(
         check_prompt(ids, max_new_tokens, pipeline.target.vocab_size, pipeline.max_model_len, f"prompt {i + 1}")
         out.append(prompt)
     return out
+
+
+def output_constraint(args: argparse.Namespace):
+    """The --json-schema or --regex constraint (None without either); a schema file that is not JSON is named."""
+    from ovbuild.runtime.structured.spec import Constraint
+
+    if args.regex is not None:
+        return Constraint("regex", args.regex)
+    if args.json_schema is None:
+        return None
+    path = Path(args.json_schema)
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"--json-schema {path}: cannot be read ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--json-schema {path}: not JSON ({e})") from None
+    return Constraint.json_schema(schema)
+
+
+def image_prompt(pipeline, prompts: list[str | list[int]], args: argparse.Namespace):
+    """The one text prompt of --image runs: its token ids with the images' placeholder tokens (rendered through the
+    chat template with --chat), and its ImagePrompt."""
+    from ovbuild.llm import ImagePrompter
+    from ovbuild.runtime.validation import check_prompt
+
+    if len(prompts) != 1 or not isinstance(prompts[0], str):
+        raise ConfigError("--image goes with one text prompt (--prompt or --prompt-file)")
+    prompter = ImagePrompter(Path(args.target), pipeline.tokenizer, args.device)
+    text = prompter.with_placeholders(prompts[0], len(args.image))
+    if args.chat:
+        text = chat_template(args.target).render([{"role": "user", "content": text}])
+    ids, images = prompter.prompt(text, list(args.image))
+    limits = pipeline.target.vocab_size, pipeline.max_model_len
+    check_prompt(np.asarray(ids, np.int64), args.max_new_tokens, *limits, "prompt 1")
+    return ids, images
+
+
+def chat_template(target: str):
+    """The target folder's chat template, for --chat."""
+    from ovbuild.serve.chat import ChatTemplate
+
+    template = ChatTemplate.from_folder(target)
+    if template is None:
+        raise ConfigError(f"{target}: --chat needs a chat template (chat_template.jinja or tokenizer_config.json)")
+    return template
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,14 +198,26 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.json_path, "--json")
     prompts = read_prompts(args)
     GenerationConfig(args.max_new_tokens, **sampling_options(args))  # bad sampling values fail before any model loads
+    constraint = output_constraint(args)
     pipeline = Pipeline(args.target, args.draft, runtime_options(args))
+    if constraint is not None:
+        pipeline.grammars.compile(constraint)  # a bad schema or regex fails before any token
     eos = () if args.ignore_eos else pipeline.eos_token_ids
     config = GenerationConfig(
-        args.max_new_tokens, eos, tuple(args.stop), args.num_assistant_tokens, **sampling_options(args)
+        args.max_new_tokens,
+        eos,
+        tuple(args.stop),
+        args.num_assistant_tokens,
+        **sampling_options(args),
+        constraint=constraint,
     )
     scheduler = pipeline.scheduler(trace=args.trace)
-    for ids in prompt_token_ids(pipeline, prompts, args.target, args.chat, args.max_new_tokens):
-        scheduler.add_request(ids, config)
+    if args.image:
+        ids, images = image_prompt(pipeline, prompts, args)
+        scheduler.add_request(ids, config, images=images)
+    else:
+        for ids in prompt_token_ids(pipeline, prompts, args.target, args.chat, args.max_new_tokens):
+            scheduler.add_request(ids, config)
     stream_until_done(scheduler, _Printer(len(prompts)), pipeline.decode)
     requests, metrics = sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
     runtime = pipeline.describe()

@@ -63,9 +63,9 @@ def sampling_options(args: argparse.Namespace) -> dict:
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     """Device and cache options shared by the commands that run models (defaults: exact target, fast draft)."""
-    from ovbuild.runtime.drafters import DRAFTER_OPTIONS
-    from ovbuild.runtime.paged_model import INFERENCE_PRECISIONS, KV_PRECISIONS
+    from ovbuild.runtime.model.paged_model import INFERENCE_PRECISIONS, KV_PRECISIONS
     from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
+    from ovbuild.runtime.speculation.drafters import DRAFTER_OPTIONS
 
     p.add_argument("--device", default="CPU", help="OpenVINO device (CPU, GPU, ...)")
     p.add_argument(
@@ -133,8 +133,8 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
 
 def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
     """RuntimeOptions from the options of add_runtime_arguments."""
-    from ovbuild.runtime.drafters import DRAFTER_OPTIONS
     from ovbuild.runtime.pipeline import ModelOptions, RuntimeOptions
+    from ovbuild.runtime.speculation.drafters import DRAFTER_OPTIONS
 
     static = STATIC_ROWS[args.static_rows]
     target = ModelOptions(args.kv_cache_precision, args.inference_precision, args.cache_mb, static)

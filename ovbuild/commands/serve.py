@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from ovbuild.commands.options import add_runtime_arguments, runtime_options
+from ovbuild.serve.reasoning import FORMATS as REASONING_FORMATS
+from ovbuild.serve.tools import FORMATS as TOOL_FORMATS
 
 
 def register(subparsers) -> None:
@@ -20,18 +22,41 @@ def register(subparsers) -> None:
     p.add_argument("--draft", help="exported draft folder (omit to serve the target alone)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", help="the model name clients send (default: the --target path)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        help="the model name clients send, or several (aliases, all listed by /v1/models; default: the --target "
+        "path). Names are compared as paths: ./exported/target and exported/target are one model",
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics",
+        action="store_true",
+        help="with a draft: each choice of an answer (a stream's last chunk of it) carries its "
+        "speculative_decoding_stats, vLLM's per-request acceptance fields",
+    )
     p.add_argument(
         "--max-requests",
         type=int,
         default=256,
-        help="requests held at once, running and waiting; more are answered 503 (default 256)",
+        help="requests held at once, running and waiting; more are answered 503 with Retry-After, and one request "
+        "of more choices (prompts x n) than this is a 400 (default 256)",
     )
     p.add_argument(
         "--default-max-tokens",
         type=int,
         default=256,
         help="completion budget of chat requests that set no max_tokens (completions default to 16, as OpenAI)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_FORMATS),
+        help="split the thinking (<think>...</think>) into reasoning_content; a constraint applies after it",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        choices=sorted(TOOL_FORMATS),
+        help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, Qwen2.5 / Qwen3)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument(
@@ -56,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
     from ovbuild.serve.server import build_app
 
     if args.replicas is not None:
+        from ovbuild.errors import UnsupportedError
         from ovbuild.serve.ray_cli import serve_on_ray
+
+        if args.per_request_spec_decode_metrics:
+            raise UnsupportedError("--per-request-spec-decode-metrics is not supported with --replicas")
 
         return serve_on_ray(args, runtime_options(args))
 
@@ -67,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         args.served_model_name,
         args.max_requests,
         args.default_max_tokens,
+        args.per_request_spec_decode_metrics,
+        reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
     )
     try:
         import uvicorn

@@ -17,14 +17,23 @@ from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.export.compat import check_draft_fits_target
 from ovbuild.export.ir_formats import IrFormat, ir_format
 from ovbuild.export.output_folder import OutputFolder
-from ovbuild.export.package import CONFIG_FILES, Package, provenance
+from ovbuild.export.package import CONFIG_FILES, IMAGE_PROCESSOR_FILES, Package, provenance
 from ovbuild.export.progress import LayerProgress, hub_progress, on_terminal
 from ovbuild.export.source_files import check_copied_files, check_target_tokenizer
 from ovbuild.export.streaming import PageDropper, StreamingSource
 from ovbuild.export.weight_formats import default_weight_format, make_policy
 from ovbuild.families import DRAFT_ARCHITECTURES, draft_builder, load_draft, read_draft_config
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.targets import SUPPORTED_TARGET_ARCHITECTURES, TARGET_ARCHITECTURES, load_target, target_builder
+from ovbuild.ir import VISION_STEM
+from ovbuild.targets import (
+    SUPPORTED_TARGET_ARCHITECTURES,
+    TARGET_ARCHITECTURES,
+    VisionConfig,
+    VisionTower,
+    find_vision_tower,
+    load_target,
+    target_builder,
+)
 from ovbuild.weights.checkpoint import TOKENIZER_FILES, Checkpoint, read_config
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.draft_config import DraftConfig, check_target_layer_ids
@@ -62,10 +71,13 @@ def export(
     overwrite: bool = False,
     quiet: bool = False,
     format: str = "paged",
+    vision: bool = True,
 ) -> ExportResult:
     """Export checkpoint `model` (hub id or folder; `revision` applies to it) to the folder `out`.
 
-    Unset weight options take the per-kind default of `weight_formats` and the policy's own defaults.
+    Unset weight options take the per-kind default of `weight_formats` and the policy's own defaults. A
+    vision-language target's vision tower is exported beside it, and its language model takes image embeddings,
+    unless `vision` is False (then the language model is built as a text-only checkpoint's).
     """
     fmt = ir_format(format)
     options = dict(sym=sym, group_size=group_size, all_layers=all_layers)
@@ -79,7 +91,7 @@ def export(
         if kind_of(ckpt) == "target":
             if target_model is not None:
                 raise ConfigError(f"{ckpt.source} is a target: --target-model is only for draft exports")
-            kind, (family, policy) = "target", export_target(job, target_layer_ids, draft_of, cache_dir)
+            kind, (family, policy) = "target", export_target(job, target_layer_ids, draft_of, cache_dir, vision)
         else:
             if target_layer_ids is not None or draft_of is not None:
                 raise ConfigError(
@@ -109,27 +121,52 @@ class Job:
 
 
 def export_target(
-    job: Job, target_layer_ids: Sequence[int] | None, draft_of: str | Path | None, cache_dir: str | None
+    job: Job,
+    target_layer_ids: Sequence[int] | None,
+    draft_of: str | Path | None,
+    cache_dir: str | None,
+    vision: bool = True,
 ) -> tuple[str, WeightPolicy]:
-    """The target IR with its taps, configs and tokenizer, written into the partial folder; returns its family and
-    policy."""
+    """The target IR with its taps (and its vision tower's IR, when it has one and `vision`), configs and tokenizer,
+    written into the partial folder; returns its family and policy."""
     cfg, weights = load_target(job.ckpt)
+    if not vision:
+        cfg = cfg.text_only()
     build = target_builder(cfg, job.format_name)  # a format the family does not have fails before anything is read
+    tower = find_vision_tower(job.ckpt.config, str(job.ckpt.config_path)) if vision else None
+    vision_source = tower.load(job.ckpt) if tower is not None else None  # a bad vision_config fails early too
     if cfg.export_note is not None:
         log.info("%s: %s", job.ckpt.source, cfg.export_note)
     taps = target_taps(cfg, job.ckpt.source, target_layer_ids, draft_of, cache_dir)
-    check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
+    check_copied_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES, *(IMAGE_PROCESSOR_FILES if tower else ())))
     check_target_tokenizer(job.ckpt)
     policy = job.policy("target")
     log.info("exporting target %s (%s weights, taps %s)", job.ckpt.source, policy.weight_format, list(taps))
     models = stream_build(
         f"target {cfg.architecture}", cfg.num_layers, [weights], job.show, lambda w: build(cfg, w, taps, policy)
     )
+    if vision_source is not None:
+        models |= build_vision(job, tower, *vision_source, policy)
     job.package.save_models(models, provenance(job.ckpt, job.format_name))
     job.package.copy_files(job.ckpt, (*CONFIG_FILES, *TOKENIZER_FILES))
+    if vision_source is not None:
+        job.package.copy_files(job.ckpt, IMAGE_PROCESSOR_FILES)
     job.package.write_generation_config(cfg.eos_token_ids)
     job.package.convert_tokenizer(job.ckpt.folder, required=job.format.needs_tokenizer_irs)
     return cfg.family, policy
+
+
+def build_vision(
+    job: Job, tower: VisionTower, cfg: VisionConfig, weights: WeightSource, policy: WeightPolicy
+) -> dict[str, ov.Model]:
+    """The vision tower's IR, its matrices in float: integer formats apply to the language model only (the tower is
+    small beside it, and no parity test has measured it compressed)."""
+    float_policy = policy.uncompressed()
+    log.info("exporting vision tower %s (%s weights)", tower.name, float_policy.weight_format)
+    label = f"vision tower {tower.name}"
+    return stream_build(
+        label, cfg.depth, [weights], job.show, lambda w: {VISION_STEM: tower.build(cfg, w, float_policy)}
+    )
 
 
 def export_draft(

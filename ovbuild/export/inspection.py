@@ -20,6 +20,7 @@ from ovbuild.ir import (
     HybridKeys,
     Identity,
     Provenance,
+    VisionIR,
     WeightStorage,
     core,
     last_line,
@@ -50,6 +51,7 @@ class IrReport:
     constants: dict[str, tuple[int, int]]
     compiled_on: str = ""
     hybrid: HybridKeys | None = None  # a hybrid target's layer pattern and linear-attention geometry
+    vision: VisionIR | None = None  # a vision tower's geometry
 
 
 @dataclass
@@ -91,6 +93,7 @@ def describe_ir(path: Path, device: str) -> IrReport:
         flat_rt_info(model),
         constants(model),
         hybrid=HybridKeys.from_model(model, path),
+        vision=VisionIR.from_model(model, path),
     )
     try:
         core().compile_model(model, device)
@@ -146,7 +149,10 @@ def format_report(report: FolderReport) -> str:
         pattern = main.hybrid.layer_pattern
         lines.append(f"  layers {pattern} ({pattern.count('L')} linear attention, {pattern.count('F')} full attention)")
     for ir in report.irs:
-        lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}", "  inputs:"]
+        lines += [f"{ir.file}: reads and compiles on {ir.compiled_on}"]
+        if ir.vision is not None:
+            lines += vision_lines(ir.vision)
+        lines += ["  inputs:"]
         lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.inputs]
         lines += ["  outputs:"]
         lines += [f"    {p.name:<24} {p.type:<8} {p.shape}" for p in ir.outputs]
@@ -159,6 +165,20 @@ def format_report(report: FolderReport) -> str:
     lines.append(f"files ({human_size(sum(report.files.values()))}):")
     lines += [f"  {name:<32} {human_size(size):>10}" for name, size in report.files.items()]
     return "\n".join(lines)
+
+
+def vision_lines(v: VisionIR) -> list[str]:
+    """A vision tower's geometry: what an image becomes (patches, merged tokens) and the tower's size."""
+    p, g = v.patch_size, v.grid_multiple
+    side = round(v.num_position_embeddings**0.5)
+    frames = f"{v.temporal_patch_size}x" if v.temporal_patch_size is not None else ""
+    mode = f", downsample {v.downsample_mode}" if v.downsample_mode is not None else ""
+    return [
+        f"  vision tower {shown(v.family)}: {v.depth} blocks, width {v.hidden_size}, {v.num_heads} heads",
+        f"    patches {frames}{p}x{p} pixels of {v.in_channels} channels; position grid {side}x{side}",
+        f"    one token of width {v.out_hidden_size} per {v.patches_per_token} patches{mode} "
+        f"(grids in multiples of {g * p} pixels)",
+    ]
 
 
 def shown(value: str | None) -> str:

@@ -21,6 +21,8 @@ from ovbuild.weights.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 CONFIG_FILES = ("config.json", "generation_config.json")
+# A vision-language target's image processor settings, which the runtime's image prompts are processed by.
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 FREE_MARGIN = 1 << 20  # bytes: a write that fails with less than this left beyond the file's size ran out of space
 
 

@@ -4,7 +4,8 @@ Inputs: as graph/target.py (key_cache.N / value_cache.N for the full-attention l
 conv_state.N [S, conv_dim, K-1] and recurrent_state.N [S, Hv, Dk, Dv] (each sequence's state before its first new
 row, in subsequence_begins order), and state_rows [Q] i64. Outputs: logits, greedy_ids, hidden_states (with taps),
 conv_state_out.N [Q, conv_dim, K-1] and recurrent_state_out.N [Q, Hv, Dk, Dv], the states right after each state
-row. The contract is written out in docs/hybrid.md.
+row. The contract is written out in docs/hybrid.md. A target that can take images (cfg.mrope) also has the inputs
+of graph/images.py: mrope_offsets [T, 3], image_embeds [I, H], image_rows [I] (docs/vision.md).
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from ovbuild.graph.context import BuildContext
 from ovbuild.graph.decoder import embedding, mlp
 from ovbuild.graph.gated_attention import gated_attention, zero_centered_norm
 from ovbuild.graph.gated_delta import gated_delta_net
+from ovbuild.graph.images import image_inputs, place_images
 from ovbuild.graph.moe import moe_mlp
 from ovbuild.graph.ops import named, parameter, result
 from ovbuild.graph.paged_attention import PagedInputs
-from ovbuild.graph.rope import rotary_tables
+from ovbuild.graph.rope import mrope_tables, rotary_tables
 from ovbuild.graph.step_grid import step_grid
 from ovbuild.graph.target import target_outputs
 from ovbuild.graph.weights import WeightPolicy
-from ovbuild.ir import HeadGeometry, HybridKeys, TargetIR, write_rt_info
+from ovbuild.ir import HeadGeometry, HybridKeys, ImageKeys, TargetIR, write_rt_info
 from ovbuild.ir.ports import (
     CONV_STATE,
     CONV_STATE_OUT,
@@ -54,12 +56,18 @@ def build_hybrid_target(
     logits_indices = parameter(LOGITS_INDICES, [-1])
     state_rows = parameter(STATE_ROWS, [-1])
     paged = PagedInputs()
-    tables = rotary_tables(position_ids.output(0), cfg.rope, cfg.rotary_dim)
+    images = image_inputs(cfg.hidden_size) if cfg.mrope is not None else None
+    if images is None:
+        tables = rotary_tables(position_ids.output(0), cfg.rope, cfg.rotary_dim)
+    else:
+        tables = mrope_tables(position_ids.output(0), images.offsets.output(0), cfg.rope, cfg.rotary_dim, cfg.mrope)
     ctx = BuildContext(cfg, weights, policy or WeightPolicy(), paged, tables)
     grid = step_grid(paged.sequence[SUBSEQUENCE_BEGINS].output(0), state_rows.output(0), input_ids.output(0))
     kernel, heads = cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads
     state_inputs, state_outputs = [], []
     x = embedding(ctx, weights, input_ids.output(0))  # [T, H]
+    if images is not None:
+        x = place_images(x, images)  # [T, H]
     layer_outputs = []
     for i, kind in enumerate(cfg.layer_types):
         u = zero_centered_norm(ctx, x, f"layers.{i}.input_layernorm", cfg.hidden_size)
@@ -84,8 +92,12 @@ def build_hybrid_target(
     layer_outputs[-1] = h  # the last layer's tap is taken after the final norm, as transformers reports it
     outputs = target_outputs(ctx, weights, layer_outputs, logits_indices.output(0), target_layer_ids)
     params = [input_ids, position_ids, *paged.parameters, logits_indices, state_rows, *state_inputs]
+    if images is not None:
+        params += images.parameters
     model = ov.Model([*outputs, *state_outputs], params, "ovbuild_qwen3_5_target")
     write_rt_info(model, *hybrid_rt_info(cfg, target_layer_ids), ctx.policy.storage())
+    if cfg.mrope is not None:
+        write_rt_info(model, ImageKeys(cfg.mrope.section, cfg.mrope.interleaved))
     return model
 
 

@@ -9,6 +9,7 @@ import openvino as ov
 import openvino.opset16 as ops
 
 from ovbuild.graph.ops import Output, const, i64, named
+from ovbuild.weights.mrope import MropeSpec
 from ovbuild.weights.rope import RopeConfig
 
 
@@ -24,7 +25,24 @@ def rotary_tables(position_ids: Output, rope: RopeConfig, head_dim: int) -> Rota
     """position_ids [T] i64 -> cos/sin [T, 1, head_dim] (scaled by yarn's attention factor where set)."""
     inv_freq = rope.inv_freq(head_dim).astype(np.float32)[None]  # [1, D/2]
     positions = ops.unsqueeze(ops.convert(position_ids, ov.Type.f32), i64([1]))  # [T, 1]
-    angles = ops.multiply(positions, ops.constant(inv_freq))  # [T, D/2]
+    return _tables(ops.multiply(positions, ops.constant(inv_freq)).output(0), rope)
+
+
+def mrope_tables(
+    position_ids: Output, offsets: Output, rope: RopeConfig, head_dim: int, mrope: MropeSpec
+) -> RotaryTables:
+    """Multi-axis RoPE: position_ids [T] i64 + offsets [T, 3] i64 (temporal, height, width) -> cos/sin [T, 1, D],
+    frequency i turning by the position of its axis. Equal axes give rotary_tables' values bit for bit: each angle
+    is the same f32 position times the same f32 frequency."""
+    inv_freq = rope.inv_freq(head_dim).astype(np.float32)[None]  # [1, D/2]
+    positions = named(ops.add(ops.unsqueeze(position_ids, i64([1])), offsets), "rope/mrope_positions")  # [T, 3]
+    per_frequency = ops.gather(positions, i64(mrope.axes()), i64(1))  # [T, D/2]: each frequency's axis position
+    angles = ops.multiply(ops.convert(per_frequency, ov.Type.f32), ops.constant(inv_freq))  # [T, D/2]
+    return _tables(angles.output(0), rope)
+
+
+def _tables(angles: Output, rope: RopeConfig) -> RotaryTables:
+    """angles [T, D/2] -> cos/sin [T, 1, D] (both halves of each head turn alike, neox style)."""
     angles = ops.unsqueeze(ops.concat([angles, angles], -1), i64([1]))  # [T, 1, D]
     cos, sin = ops.cos(angles), ops.sin(angles)
     if rope.attention_scaling != 1.0:

@@ -15,6 +15,8 @@ from ovbuild.ir.records import HeadGeometry
 MODEL_STEM = "openvino_model"  # the main IR of every folder: a target, or a draft's backbone
 MODEL_FILE = f"{MODEL_STEM}.xml"
 MARKOV_HEAD_STEM = "openvino_markov_head_model"  # a draft's Markov head, named by its backbone's rt_info
+VISION_STEM = "openvino_vision_model"  # a vision-language target's vision tower, beside its openvino_model.xml
+VISION_FILE = f"{VISION_STEM}.xml"
 TOKENIZER_IRS = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
 PAGED_ATTENTION = "PagedAttentionExtension"  # the op type of a paged IR's attention nodes
 

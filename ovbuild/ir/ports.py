@@ -27,6 +27,8 @@ class Role(Enum):
     OUTPUT = "one row per row the INDEX input names"
     HEAD_INPUT = "an input of a draft's Markov head, from its backbone's outputs"
     GENAI = "an input of a GenAI (stateful SDPA) IR"
+    IMAGE = "image embeddings and the packed rows they replace (not padded: they name real rows)"
+    VISION = "an input or output of a vision tower's IR (one call encodes every image packed into it)"
 
 
 class Port(str):
@@ -64,11 +66,16 @@ INPUT_IDS = Port("input_ids", i64, 1, Role.ROW)
 TOKEN_TYPE_IDS = Port("token_type_ids", i32, 1, Role.ROW)  # a draft's rows: 0 context, 1 block
 POSITION_IDS = Port("position_ids", i64, 1, Role.ROW, COUNT)  # padding rows are a sequence of their own
 TAPS_IN = Port("hidden_states", f32, 2, Role.ROW)  # a draft's input: the target's taps of each context row
+# A vision-language target's rows: each row's temporal, height and width position minus its position_ids (0 for text
+# before any image; the request's rope delta after one), and the image embeddings written over the rows they name
+# (PLACED_EMBEDS, below: named as the vision tower's output it takes).
+MROPE_OFFSETS = Port("mrope_offsets", i64, 2, Role.ROW)  # [T, 3]
+IMAGE_ROWS = Port("image_rows", i64, 1, Role.IMAGE)  # [I]: the packed row each embedding replaces
 # Inputs naming rows.
 LOGITS_INDICES = Port("logits_indices", i64, 1, Role.INDEX)  # a target's rows whose logits are returned
 CANDIDATE_INDICES = Port("candidate_indices", i64, 1, Role.INDEX)  # a draft's rows whose candidates are returned
 STATE_ROWS = Port("state_rows", i64, 1, Role.STATE_INDEX)  # a hybrid target's rows whose states are returned
-# The paged layout (ovbuild.runtime.kv_cache fills it) and the caches.
+# The paged layout (ovbuild.runtime.cache.kv_cache fills it) and the caches.
 PAST_LENS = Port("past_lens", i32, 1, Role.LAYOUT)
 SUBSEQUENCE_BEGINS = Port("subsequence_begins", i32, 1, Role.LAYOUT)
 BLOCK_INDICES = Port("block_indices", i32, 1, Role.LAYOUT)
@@ -103,6 +110,18 @@ ATTENTION_MASK = Port("attention_mask", i64, 2, Role.GENAI)
 BEAM_IDX = Port("beam_idx", i32, 1, Role.GENAI)
 INPUTS_EMBEDS = Port("inputs_embeds", f32, 3, Role.GENAI)
 GENAI_TAPS_IN = Port(TAPS_IN, f32, 3, Role.GENAI)
+# Vision towers (Qwen3.5 family): every image's patches packed into one call, as the image processor flattens
+# them ([patches, C * T * P * P], each image's patches in merge-window order), each image's grid of patches
+# (t, h, w) in its row; one output row per merged token, images in input order.
+PIXEL_VALUES = Port("pixel_values", f32, 2, Role.VISION)
+GRID_THW = Port("grid_thw", i64, 2, Role.VISION)
+IMAGE_EMBEDS = Port("image_embeds", f32, 2, Role.VISION)
+PLACED_EMBEDS = Port(IMAGE_EMBEDS, f32, 2, Role.IMAGE)  # [I, hidden]: a target's input, rows of the tower's output
+
+# MiniCPM-V 4.7 vision tower (graph/vision/minicpm.py): N images of h_i x w_i patches, L = sum h_i * w_i.
+MINICPM_PIXEL_VALUES = Port("pixel_values", f32, 4, Role.VISION)  # [1, C, p, L * p]: patches side by side
+MINICPM_TARGET_SIZES = Port("target_sizes", i64, 2, Role.VISION)  # [N, 2]: each image's (h, w) in patches
+IMAGE_TOKEN_COUNTS = Port("image_token_counts", i64, 1, Role.VISION)  # [N]: tokens of each image
 
 PORTS: tuple[Port, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Port))
 ROW_INPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.ROW)
@@ -111,4 +130,5 @@ ROW_OUTPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.ROW_OUT
 LAYOUT_INPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.LAYOUT)
 CACHES: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.CACHE)
 STATES: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.STATE)
+IMAGE_INPUTS: tuple[Port, ...] = tuple(p for p in PORTS if p.role is Role.IMAGE)
 STATE_OUTPUT_OF: dict[Port, Port] = {CONV_STATE: CONV_STATE_OUT, RECURRENT_STATE: RECURRENT_STATE_OUT}

@@ -9,18 +9,22 @@ Markov-head layout) reads, so their names and values must not change; `runtime_o
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import openvino as ov
 
+from ovbuild.errors import RequestError
 from ovbuild.ir.codec import BOOL, FLOAT, INT, INTS, LOCATORS, SET, STEM, STRS, Key, Record, Where, part, rt
+from ovbuild.ir.ports import GRID_THW, MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES, PIXEL_VALUES
 from ovbuild.version import __version__
 
 # Every rt_info key an ovbuild IR carries, once.
 VERSION = Key("ovbuild/version")
 OPENVINO_VERSION = Key("ovbuild/openvino_version")
-KIND = Key("ovbuild/kind")  # "target", "draft" or "markov_head"
+KIND = Key("ovbuild/kind")  # "target", "draft", "markov_head" or "vision"
 FAMILY = Key("ovbuild/family")
 NUM_KV_HEADS = Key("pa/num_kv_heads", INT)
 HEAD_SIZE = Key("pa/head_size", INT)
@@ -65,6 +69,18 @@ CONV_KERNEL = Key("ovbuild/linear_attention/conv_kernel", INT)
 NUM_V_HEADS = Key("ovbuild/linear_attention/num_v_heads", INT)
 K_HEAD_DIM = Key("ovbuild/linear_attention/k_head_dim", INT)
 V_HEAD_DIM = Key("ovbuild/linear_attention/v_head_dim", INT)
+MROPE_SECTION = Key("ovbuild/images/mrope_section", INTS)  # a target that takes image embeddings
+MROPE_INTERLEAVED = Key("ovbuild/images/mrope_interleaved", BOOL)
+VISION_DEPTH = Key("ovbuild/vision/depth", INT)
+VISION_NUM_HEADS = Key("ovbuild/vision/num_heads", INT)
+VISION_IN_CHANNELS = Key("ovbuild/vision/in_channels", INT)
+VISION_PATCH_SIZE = Key("ovbuild/vision/patch_size", INT)
+VISION_TEMPORAL_PATCH_SIZE = Key("ovbuild/vision/temporal_patch_size", INT)
+VISION_POSITION_GRID = Key("ovbuild/vision/num_position_embeddings", INT)
+VISION_OUT_HIDDEN_SIZE = Key("ovbuild/vision/out_hidden_size", INT)
+VISION_PATCHES_PER_TOKEN = Key("ovbuild/vision/patches_per_token", INT)
+VISION_GRID_MULTIPLE = Key("ovbuild/vision/grid_multiple", INT)
+VISION_DOWNSAMPLE_MODE = Key("ovbuild/vision/downsample_mode")
 MARKOV_RANK = Key("markov_rank", INT)
 MARKOV_HEAD_TYPE = Key("markov_head_type")
 MARKOV_HEAD_MODE = Key("markov_head_mode", STRS)
@@ -225,6 +241,22 @@ class HybridKeys(Record):
 
 
 @dataclass(frozen=True)
+class ImageKeys(Record):
+    """What a target that takes images adds (its mrope_offsets, image_embeds and image_rows inputs): the multi-axis
+    RoPE those positions turn by."""
+
+    mrope_section: tuple[int, ...] = rt(MROPE_SECTION)
+    mrope_interleaved: bool = rt(MROPE_INTERLEAVED)
+
+    @classmethod
+    def from_model(cls, model: ov.Model, path: str | Path | None = None) -> ImageKeys | None:
+        """The image keys of a target, None for a target that takes text only."""
+        if MROPE_SECTION.read(model, Where(model, path)) is None:
+            return None
+        return super().from_model(model, path)
+
+
+@dataclass(frozen=True)
 class DSparkKeys(Record):
     """What a DSpark / DeepSpec DFlash backbone adds to DraftIR: its Markov head's rank (0: none) and type."""
 
@@ -270,6 +302,69 @@ class MarkovHeadIR(Record):
     def forms(self) -> tuple[str, ...]:
         """The forms the head holds; GenAI's v2 layout records none, its head being the lattice alone."""
         return self.modes or ("lattice",)
+
+
+@dataclass(frozen=True)
+class VisionIR(Record):
+    """A vision-language target's openvino_vision_model.xml: the tower's geometry, which the image processor sizes
+    images by (patches of patch_size pixels, every grid side a multiple of `grid_multiple` patches) and the runtime
+    counts placeholder tokens by (one per `patches_per_token` patches, out_hidden_size wide). Both towers write the
+    common fields; the Qwen3.5 family's adds `temporal_patch_size` (its pixels are [patches, C*T*P*P] with grids
+    (t, h, w)), MiniCPM-V's `downsample_mode` (pixels [1, C, P, patches*P], grids (h, w) per crop)."""
+
+    FIXED = _identity("vision")
+
+    family: str | None = rt(FAMILY)  # the VisionTower's name: "qwen3_5_vision", "minicpmv4_7_vision"
+    depth: int = rt(VISION_DEPTH)
+    hidden_size: int = rt(HIDDEN_SIZE)  # the tower's width
+    num_heads: int = rt(VISION_NUM_HEADS)
+    in_channels: int = rt(VISION_IN_CHANNELS)
+    patch_size: int = rt(VISION_PATCH_SIZE)
+    num_position_embeddings: int = rt(VISION_POSITION_GRID)  # a square table of learned positions
+    out_hidden_size: int = rt(VISION_OUT_HIDDEN_SIZE)  # the language model's hidden size
+    patches_per_token: int = rt(VISION_PATCHES_PER_TOKEN)
+    grid_multiple: int = rt(VISION_GRID_MULTIPLE)
+    temporal_patch_size: int | None = rt(VISION_TEMPORAL_PATCH_SIZE, None, when=SET)  # Qwen3.5 family
+    downsample_mode: str | None = rt(VISION_DOWNSAMPLE_MODE, None, when=SET)  # MiniCPM-V: "16x" or "4x"
+
+    @classmethod
+    def from_model(cls, model: ov.Model, path: str | Path | None = None) -> VisionIR | None:
+        """The vision record of an IR, None for an IR that is not a vision tower."""
+        if KIND.read(model, Where(model, path)) != "vision":
+            return None
+        return super().from_model(model, path)
+
+    @property
+    def inputs(self) -> tuple[str, str]:
+        """The IR's (pixels, grids) input names."""
+        if self.temporal_patch_size is not None:  # the Qwen3.5 family's layout
+            return PIXEL_VALUES, GRID_THW
+        return MINICPM_PIXEL_VALUES, MINICPM_TARGET_SIZES
+
+    def check_inputs(self, pixel_shape: tuple[int, ...], grid: Sequence[Sequence[int]]) -> int:
+        """The tokens the call gives; a RequestError naming the input for one this IR cannot encode: every grid
+        side a positive multiple of grid_multiple, and pixels shaped as the grids say (Qwen3.5 family
+        [sum t*h*w, C*T*P*P] with grids (t, h, w); MiniCPM-V [1, C, P, sum h*w * P] with grids (h, w))."""
+        pixels, grids = self.inputs
+        frames = self.temporal_patch_size is not None
+        rows = [tuple(int(v) for v in row) for row in grid]
+        if not rows:
+            raise RequestError(f"{grids}: no image to encode", grids)
+        if any(len(row) != (3 if frames else 2) for row in rows):
+            raise RequestError(f"{grids}: {rows} is not a list of {'(t, h, w)' if frames else '(h, w)'} rows", grids)
+        g = self.grid_multiple
+        bad = [row for row in rows if min(row) < 1 or row[-2] % g or row[-1] % g]
+        if bad:
+            raise RequestError(f"{grids}: patch grids {bad} are not positive multiples of {g}", grids)
+        patches = sum(math.prod(row) for row in rows)
+        c, p = self.in_channels, self.patch_size
+        expected = (patches, c * self.temporal_patch_size * p * p) if frames else (1, c, p, patches * p)
+        if tuple(pixel_shape) != expected:
+            raise RequestError(
+                f"{pixels}: shape {list(pixel_shape)}, expected {list(expected)} for {patches} patches of {p} x {p}",
+                pixels,
+            )
+        return patches // self.patches_per_token
 
 
 @dataclass(frozen=True)

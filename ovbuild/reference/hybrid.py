@@ -11,6 +11,7 @@ import numpy as np
 
 from ovbuild.reference.gated_delta import causal_conv, delta_rule_chunked, delta_rule_recurrent, silu
 from ovbuild.reference.layers import REF_DTYPE, attention, linear, rope, swiglu_mlp, visibility
+from ovbuild.reference.mrope import mrope
 from ovbuild.reference.rope import rope_from_config
 from ovbuild.reference.weights import ReferenceWeights, reference_weights
 
@@ -65,6 +66,10 @@ class HybridReference:
         partial = rope_keys.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
         self.rotary_dim = int(cfg.head_dim * partial)
         self.rope = rope_from_config(text, self.rotary_dim)
+        # a vision-language checkpoint's language model turns each frequency by the position of its axis
+        self.mrope = None
+        if "vision_config" in self.w.config and "text_config" in self.w.config:
+            self.mrope = (tuple(rope_keys.get("mrope_section", (11, 11, 10))), rope_keys.get("mrope_interleaved", True))
         self.eps = float(text.get("rms_norm_eps", 1e-6))
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed = self.w.get("embed_tokens", (v, h))
@@ -85,17 +90,29 @@ class HybridReference:
         return cache
 
     def forward(
-        self, cache: HybridCache, token_ids: np.ndarray, tap_layer_ids: tuple[int, ...] = (), record_rows=False
+        self,
+        cache: HybridCache,
+        token_ids: np.ndarray,
+        tap_layer_ids: tuple[int, ...] = (),
+        record_rows=False,
+        positions: np.ndarray | None = None,
+        images: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Run `token_ids` [n] after the cached ones: logits [n, V] and taps [n, len(taps) * H]."""
+        """Run `token_ids` [n] after the cached ones: logits [n, V] and taps [n, len(taps) * H]. A target that takes
+        images may be given each row's (temporal, height, width) positions [3, n] (default: the row's index in the
+        sequence on every axis) and images = (rows [k], embeddings [k, H]) replacing those rows' token embeddings."""
         n = len(token_ids)
-        positions = cache.length + np.arange(n)
+        order = cache.length + np.arange(n)  # the rows' places in the sequence: what the causal mask compares
+        positions = np.stack([order] * 3) if positions is None else np.asarray(positions, np.int64)
         cache.row_states = [{} for _ in range(n)] if record_rows else []
         x = self.embed[np.asarray(token_ids, np.int64)]
+        if images is not None:
+            x = x.copy()
+            x[np.asarray(images[0], np.int64)] = images[1]
         outputs = []
         for i, kind in enumerate(self.cfg.layer_types):
             u = zero_norm(x, self._get(i, "input_layernorm", (self.cfg.hidden_size,)), self.eps)
-            mix = self._full(i, u, positions, cache) if kind == "full_attention" else self._linear(i, u, cache)
+            mix = self._full(i, u, order, positions, cache) if kind == "full_attention" else self._linear(i, u, cache)
             x = x + mix
             x = x + self._mlp(i, x)
             outputs.append(x)
@@ -115,8 +132,9 @@ class HybridReference:
         gate, up = self._get(i, "mlp.gate_proj", (inter, h)), self._get(i, "mlp.up_proj", (inter, h))
         return swiglu_mlp(u, gate, up, self._get(i, "mlp.down_proj", (h, inter)))
 
-    def _full(self, i: int, u: np.ndarray, positions: np.ndarray, cache: HybridCache) -> np.ndarray:
-        """Gated attention: q_proj yields each head's query and its output gate side by side."""
+    def _full(self, i: int, u: np.ndarray, order: np.ndarray, positions: np.ndarray, cache: HybridCache) -> np.ndarray:
+        """Gated attention: q_proj yields each head's query and its output gate side by side. order [n]: the rows'
+        places in the sequence; positions [3, n]: their rotary positions."""
         c = self.cfg
         n, d, h, heads, kvh = len(u), c.head_dim, c.hidden_size, c.num_heads, c.num_kv_heads
         both = linear(u, self._get(i, "self_attn.q_proj", (2 * heads * d, h))).reshape(n, heads, 2 * d)
@@ -128,13 +146,19 @@ class HybridReference:
         q, k = self._partial_rope(q, positions), self._partial_rope(k, positions)
         cache.keys[i] = np.concatenate([cache.keys[i], k])
         cache.values[i] = np.concatenate([cache.values[i], v])
-        mask = visibility(positions, np.arange(len(cache.keys[i])))
+        mask = visibility(order, np.arange(len(cache.keys[i])))
         out = attention(q, cache.keys[i], cache.values[i], mask) / (1.0 + np.exp(-gate))
         return linear(out, self._get(i, "self_attn.o_proj", (h, heads * d)))
 
     def _partial_rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """RoPE on the first rotary_dim dims; positions [3, n] (text-only targets: plain RoPE on the first axis)."""
         r = self.rotary_dim
-        return np.concatenate([rope(x[..., :r], positions, self.rope), x[..., r:]], -1)
+        turned = (
+            rope(x[..., :r], positions[0], self.rope)
+            if self.mrope is None
+            else mrope(x[..., :r], positions, self.rope, *self.mrope)
+        )
+        return np.concatenate([turned, x[..., r:]], -1)
 
     def _linear(self, i: int, u: np.ndarray, cache: HybridCache) -> np.ndarray:
         """Gated DeltaNet: projections, causal conv, the delta rule, the gated norm, out_proj."""

@@ -15,8 +15,8 @@ import numpy as np
 
 from ovbuild.errors import CacheExhaustedError
 from ovbuild.ir.ports import INPUT_IDS, LOGITS_INDICES, POSITION_IDS
-from ovbuild.runtime.kv_cache import SequenceRows
-from ovbuild.runtime.paged_model import TAPS, PagedModel
+from ovbuild.runtime.cache.kv_cache import SequenceRows
+from ovbuild.runtime.model.paged_model import TAPS, PagedModel
 from ovbuild.runtime.request import Request
 
 CATCH_UP = -3  # the first catch-up sequence's id, the next ones count down (calibration -1, padding -2)

@@ -11,34 +11,42 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ovbuild.runtime.detokenizer import Detokenizer
-from ovbuild.runtime.logprobs import token_logprob
-from ovbuild.runtime.penalties import PenalizedRows
+from ovbuild.runtime.decode.detokenizer import Detokenizer
+from ovbuild.runtime.decode.logprobs import token_logprob
+from ovbuild.runtime.decode.penalties import PenalizedRows
+from ovbuild.runtime.decode.verify import verify_sampled
 from ovbuild.runtime.request import FinishReason, Request, Status
-from ovbuild.runtime.verify import verify_sampled
+from ovbuild.runtime.structured.rows import ConstrainedRows
+from ovbuild.runtime.structured.state import COMPLETE
 
 
 def verified_tokens(request: Request, greedy: list[int], logits: np.ndarray) -> list[int]:
     """The tokens a decoding request commits from its verification rows [anchor, d1..dk]: the accepted draft tokens,
-    then the target's own (greedy: its argmax; sampling: ovbuild.runtime.verify). greedy: the in-graph argmax of each
-    row; logits [k + 1, V]."""
+    then the target's own (greedy: its argmax; sampling: ovbuild.runtime.decode.verify). greedy: the in-graph argmax of
+    each row; logits [k + 1, V]."""
     proposal, sampling = request.proposal, request.config.sampling
-    rows = penalized(request, logits, proposal)
-    if sampling is None:
-        # with penalties, the argmax of the penalized rows on the host, row by row as verification reads them
-        best = greedy.__getitem__ if rows is None else rows.argmax
-        accepted = 0
-        while accepted < len(proposal) and proposal[accepted] == best(accepted):
-            accepted += 1
-        return [*proposal[:accepted], best(accepted)]
-    q = proposal.q  # a sampled proposal's draft distributions; None: point masses
-    return verify_sampled(logits if rows is None else rows, list(proposal), q, sampling, len(request.generated))
+    rows = constrained(request, penalized(request, logits, proposal), logits, proposal)
+    try:
+        if sampling is None:
+            # with penalties or a constraint, the argmax of the processed rows on the host, row by row as
+            # verification reads them
+            best = greedy.__getitem__ if rows is None else rows.argmax
+            accepted = 0
+            while accepted < len(proposal) and proposal[accepted] == best(accepted):
+                accepted += 1
+            return [*proposal[:accepted], best(accepted)]
+        q = proposal.q  # a sampled proposal's draft distributions; None: point masses
+        return verify_sampled(logits if rows is None else rows, list(proposal), q, sampling, len(request.generated))
+    finally:
+        if request.constraint is not None:
+            rows.close()  # the matcher back before the draft tokens: it consumes the committed ones (append_tokens)
 
 
 def first_token(request: Request, greedy: int, logits: np.ndarray) -> int:
     """The token after a request's prompt, from the last prompt row: greedy its argmax (the in-graph one, or that of
     the penalized row), else a draw. logits [1, V]."""
-    sampling, rows = request.config.sampling, penalized(request, logits)
+    sampling = request.config.sampling
+    rows = constrained(request, penalized(request, logits), logits)
     if sampling is None:
         return greedy if rows is None else rows.argmax(0)
     return verify_sampled(logits if rows is None else rows, [], None, sampling, 0)[0]
@@ -47,10 +55,14 @@ def first_token(request: Request, greedy: int, logits: np.ndarray) -> int:
 def append_tokens(
     request: Request, tokens: list[int], logits: np.ndarray, detokenize: Callable[[list[int]], str] | None
 ) -> None:
-    """Append new tokens, stopping at EOS (not kept), max_new_tokens or a stop string (text cut before it; needs
-    `detokenize`); logits [len(tokens), V]: the rows they were chosen from (their logprobs, when the request asks)."""
+    """Append new tokens, stopping at EOS (not kept), max_new_tokens, a stop string (text cut before it; needs
+    `detokenize`) or the end of the request's grammar (OutputConstraint.advance); logits [len(tokens), V]: the rows
+    they were chosen from (their logprobs, when the request asks)."""
     config = request.config
     before = len(request.generated)
+    ended = None  # a constraint's reason to end the request (its grammar is complete, or allows no token)
+    if request.constraint is not None:
+        tokens, ended = request.constraint.advance(tokens)
     for token, row in zip(tokens, logits, strict=False):
         if token in config.eos_token_ids:
             request.finish_reason = FinishReason.STOP
@@ -68,6 +80,8 @@ def append_tokens(
         if text is not None:
             request.text, request.finish_reason = text, FinishReason.STOP_STRING
             del request.logprobs[len(request.generated) :]  # those of the tokens cut with the stop string
+    if request.finish_reason is None and ended is not None:
+        request.finish_reason = FinishReason.STOP if ended == COMPLETE else FinishReason.GRAMMAR
     if request.finish_reason is not None:
         request.status = Status.FINISHED
 
@@ -91,3 +105,11 @@ def penalized(request: Request, logits: np.ndarray, draft: list[int] = ()) -> Pe
     if penalties is None or not penalties.active_after(len(request.generated)):
         return None  # the logits as they are: greedy keeps the in-graph argmax
     return PenalizedRows(logits, penalties, request.prompt, request.generated, draft)
+
+
+def constrained(request: Request, rows: PenalizedRows | None, logits: np.ndarray, draft: list[int] = ()):
+    """The request's rows read through its constraint (biased, masked per row; ovbuild.runtime.structured), else
+    `rows` as they were."""
+    if request.constraint is None:
+        return rows
+    return ConstrainedRows(logits if rows is None else rows, request.constraint, list(draft))

@@ -1,7 +1,7 @@
 """The draft side of a scheduling step: after verification, plan the draft lengths, then run that plan.
 
 `DraftPlanner.plan` chooses, without running a model, a `DraftPlan`: the draft length of every decoding request
-(pinned by num_assistant_tokens, else by ovbuild.runtime.speculation from measured call costs and each request's
+(pinned by num_assistant_tokens, else by ovbuild.runtime.speculation.planner from measured call costs and each request's
 acceptance; 0 = no draft for it), whether pending taps force a draft call, and which requests catch up first. The
 planner keeps its own counters: while its last plan drafted for nobody it backs off (Speculation.backoff), and the
 steps it skips are counted in bulk, settled per request when that request is next planned or finishes.
@@ -15,13 +15,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ovbuild.runtime.calibration import calibrate
 from ovbuild.runtime.catch_up import catch_up
-from ovbuild.runtime.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.metrics import RunMetrics
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import Request, Status
-from ovbuild.runtime.speculation import FLUSH_ROWS, IDLE_DECAY, MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation.calibration import calibrate
+from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal
+from ovbuild.runtime.speculation.planner import (
+    FLUSH_ROWS,
+    IDLE_DECAY,
+    MAX_PLAN_BACKOFF,
+    REPLAN_AFTER_CHANGE,
+    Speculation,
+)
 
 
 @dataclass
@@ -230,7 +236,7 @@ class DraftStep:
             self.speculation.draft_cost.observe(rows, seconds)
         cache = self.drafter.cache_manager
         for request, proposal, (start, end) in zip(owners, proposals, spans, strict=True):
-            request.proposal = proposal
+            request.proposal = allowed_proposal(request, proposal)
             hashes = request.block_hashes(cache.block_size, end) if self.prefix_caching else None
             cache.commit(request.id, start, end, hashes)
         return seconds
@@ -258,3 +264,10 @@ class DraftStep:
 
 def _context_rows(item: DraftItem) -> int:
     return 0 if item.context is None else len(item.context)
+
+
+def allowed_proposal(request: Request, proposal: Proposal) -> Proposal:
+    """A request's draft proposal as its constraint allows it (the proposal itself when it has none)."""
+    if request.constraint is None:
+        return proposal
+    return request.constraint.allowed_proposal(proposal, request.config.sampling, len(request.generated))

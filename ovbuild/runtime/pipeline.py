@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,31 +13,34 @@ from tokenizers import Tokenizer
 
 from ovbuild.errors import ConfigError, ExportError, RequestError, UnsupportedError
 from ovbuild.ir import MODEL_FILE, Identity, read_ir, read_json
-from ovbuild.runtime.cache_manager import BlocksAndSlots
-from ovbuild.runtime.calibration import CalibrationCache
-from ovbuild.runtime.devices import (
+from ovbuild.runtime.cache.cache_manager import BlocksAndSlots
+from ovbuild.runtime.cache.state_pool import state_specs
+from ovbuild.runtime.folders import check_pair, context_length, exported_model, require_draft, require_target
+from ovbuild.runtime.images import image_prompts
+from ovbuild.runtime.metrics import RunMetrics
+from ovbuild.runtime.model.devices import (
     check_kv_precision,
     draft_inference_precision,
     target_inference_precision,
 )
-from ovbuild.runtime.drafters import DRAFTERS, Drafter
-from ovbuild.runtime.folders import check_pair, context_length, exported_model, require_draft, require_target
-from ovbuild.runtime.machine import device_kind
-from ovbuild.runtime.metrics import RunMetrics
-from ovbuild.runtime.paged_model import PagedModel
+from ovbuild.runtime.model.machine import device_kind
+from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.prompts import prompt_list
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
-from ovbuild.runtime.speculation import Speculation
-from ovbuild.runtime.state_pool import state_specs
+from ovbuild.runtime.speculation.calibration import CalibrationCache
+from ovbuild.runtime.speculation.drafters import DRAFTERS, Drafter
+from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.runtime.streaming import step_until_done
+from ovbuild.runtime.structured.grammar import Grammars
 from ovbuild.runtime.validation import check_cache_mb, check_positive_int, check_prompt, check_utf8
 
 
 @dataclass(frozen=True)
 class ModelOptions:
     """How one model runs: KV cache precision, inference precision hint (None = the device default), cache size,
-    and whether its calls run in copies compiled per row count (None = where that pays: ovbuild.runtime.static_rows)."""
+    and whether its calls run in copies compiled per row count (None = where that pays:
+    ovbuild.runtime.model.static_rows)."""
 
     kv_cache_precision: str
     inference_precision: str | None
@@ -49,10 +53,10 @@ class ModelOptions:
 # numbers. An f16 cache stores each token on its own, whereas the plugin's u8 keys are quantized per channel across
 # a cache block, so a rolled-back row shifts its neighbours' scales (measured on the tiny pair: 16/16 requests
 # identical with f16 + f32, 9/16 with the u8 + bf16 device defaults, before verification rows ran as 1-row
-# subsequences). The math is chosen per device (inference precision None: ovbuild.runtime.devices.
+# subsequences). The math is chosen per device (inference precision None: ovbuild.runtime.model.devices.
 # target_inference_precision): bf16 where it was measured exact, else f32.
 # The draft only affects acceptance, never output, so it runs as fast as the device allows (its inference precision
-# None: ovbuild.runtime.devices.draft_inference_precision picks it for the device).
+# None: ovbuild.runtime.model.devices.draft_inference_precision picks it for the device).
 EXACT_TARGET = ModelOptions(kv_cache_precision="f16", inference_precision=None, cache_mb=512)
 FAST_DRAFT = ModelOptions(kv_cache_precision="u8", inference_precision=None, cache_mb=256)
 
@@ -76,8 +80,8 @@ class RuntimeOptions:
     # cache blocks), at most max_state_snapshots copies: a prefix hit resumes from the last one (docs/serving.md).
     state_snapshot_interval: int = 256
     max_state_snapshots: int = 16
-    # Keep the draft-length planner's calibration per pair and machine and reuse it (ovbuild.runtime.calibration);
-    # recalibrate: time the calls again and replace what was kept.
+    # Keep the draft-length planner's calibration per pair and machine and reuse it
+    # (ovbuild.runtime.speculation.calibration); recalibrate: time the calls again and replace what was kept.
     calibration_cache: bool = True
     recalibrate: bool = False
 
@@ -105,6 +109,7 @@ class Pipeline:
             check_pair(target, draft)
         self.max_model_len = context_length(target, o.max_model_len)
         self.tokenizer = load_tokenizer(target_dir)
+        self.target_dir = target_dir
         self.eos_token_ids = eos_token_ids(target_dir)
         t = o.target
         math = target_precision(o, stateful=bool(state_specs(model)))
@@ -130,7 +135,7 @@ class Pipeline:
         return f"target {self.target.describe()}{draft}"
 
     def compile_copies(self) -> None:
-        """Compile every static copy of both models now (ovbuild.runtime.static_rows): a server's first requests
+        """Compile every static copy of both models now (ovbuild.runtime.model.static_rows): a server's first requests
         would otherwise compile them, 0.1 to 0.4 s each on the demo pair, in the middle of their latency."""
         self.target.compile_copies()
         if self.drafter is not None:
@@ -149,7 +154,13 @@ class Pipeline:
             self.speculation if use_draft else None,
             enable_prefix_caching=self.options.enable_prefix_caching,
             max_num_seqs=self.options.max_num_seqs,
+            grammars=self.grammars,
         )
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """The target's grammar compiler for structured output (llguidance reads the tokenizer when first used)."""
+        return Grammars(self.target_dir / "tokenizer.json", self.eos_token_ids, self.target.vocab_size)
 
     def encode(self, text: str, what: str = "prompt") -> list[int]:
         """Token ids of `text`, which must be valid UTF-8 (`what` names it in the error)."""
@@ -170,23 +181,27 @@ class Pipeline:
         trace: bool = False,
         on_step: Callable[[Scheduler], None] | None = None,
         use_draft: bool = True,
+        images=None,
         **sampling,
     ) -> tuple[list[Request], RunMetrics]:
         """Run every prompt (text or token ids; a str or an id list is one prompt) as a concurrent request; returns
         finished requests (in prompt order) and run totals. `sampling`: GenerationConfig's do_sample, temperature,
-        top_k, top_p, rng_seed (greedy by default)."""
+        top_k, top_p, rng_seed (greedy by default). `images`: the ImageInputs one prompt shows (embeddings at its
+        placeholder tokens), or for several prompts one list (or ImagePrompt, or None) each."""
         config = GenerationConfig(
             max_new_tokens, self.eos_token_ids, tuple(stop_strings), num_assistant_tokens, **sampling
         )
+        items, single = prompt_list(prompts)
         prompt_ids = [
             np.array(self.encode(p, f"prompt {i + 1}") if isinstance(p, str) else p, np.int64)
-            for i, p in enumerate(prompt_list(prompts)[0])
+            for i, p in enumerate(items)
         ]
         for i, ids in enumerate(prompt_ids):  # every prompt, before the first is queued
             check_prompt(ids, max_new_tokens, self.target.vocab_size, self.max_model_len, f"prompt {i + 1}")
+        shown = image_prompts(images, [len(ids) for ids in prompt_ids], single)
         scheduler = self.scheduler(trace, use_draft)
-        for ids in prompt_ids:
-            scheduler.add_request(ids, config)
+        for ids, pictures in zip(prompt_ids, shown, strict=True):
+            scheduler.add_request(ids, config, images=pictures)
         # an error or Ctrl-C mid-run must not leave blocks or drafter state behind for the next call: the loop aborts
         step_until_done(scheduler, on_step)
         return sorted(scheduler.finished, key=lambda r: r.id), scheduler.metrics
@@ -225,14 +240,15 @@ def drafter_class(folder: str | Path, model: ov.Model, options: RuntimeOptions) 
 
 
 def target_precision(options: RuntimeOptions, stateful: bool = False) -> str | None:
-    """The target's inference precision on the options' device (ovbuild.runtime.devices.target_inference_precision);
-    stateful: the target has linear-attention states."""
+    """The target's inference precision on the options' device
+    (ovbuild.runtime.model.devices.target_inference_precision); stateful: the target has linear-attention states."""
     target = options.target
     return target_inference_precision(options.device, target.inference_precision, target.kv_cache_precision, stateful)
 
 
 def draft_precision(options: RuntimeOptions) -> str | None:
-    """The draft's inference precision on the options' device (ovbuild.runtime.devices.draft_inference_precision)."""
+    """The draft's inference precision on the options' device
+    (ovbuild.runtime.model.devices.draft_inference_precision)."""
     draft = options.draft
     return draft_inference_precision(options.device, draft.inference_precision, draft.kv_cache_precision)
 
@@ -263,7 +279,7 @@ def check_options(options: RuntimeOptions, with_draft: bool, names: dict[str, st
     """Device, static rows, cache sizes, KV precisions and max_model_len, checked before any model is read or
     compiled: the one place runtime options are checked. `names` words the messages in the caller's terms (the
     command line's options), keyed as OPTION_NAMES."""
-    from ovbuild.runtime import devices  # looked up at call time, so that a test can stand in another device
+    from ovbuild.runtime.model import devices  # looked up at call time, so that a test can stand in another device
 
     name = {**OPTION_NAMES, **(names or {})}
     devices.check_device(options.device)

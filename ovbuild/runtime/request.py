@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ovbuild.errors import ConfigError
-from ovbuild.runtime.detokenizer import Detokenizer
-from ovbuild.runtime.drafters.base import Proposal
-from ovbuild.runtime.logprobs import TokenLogprob, check_logprobs
+from ovbuild.runtime.cache.prefix import chain_hashes
+from ovbuild.runtime.decode.detokenizer import Detokenizer
+from ovbuild.runtime.decode.logprobs import TokenLogprob, check_logprobs
+from ovbuild.runtime.decode.penalties import Penalties, check_penalties
+from ovbuild.runtime.decode.sampling import SamplingParams, check_sampling, check_verification
+from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.metrics import RequestMetrics
-from ovbuild.runtime.penalties import Penalties, check_penalties
-from ovbuild.runtime.prefix import chain_hashes
-from ovbuild.runtime.sampling import SamplingParams, check_sampling, check_verification
-from ovbuild.runtime.speculation import AcceptanceStats
+from ovbuild.runtime.speculation.drafters.base import Proposal
+from ovbuild.runtime.speculation.planner import AcceptanceStats
+from ovbuild.runtime.structured.spec import Constraint, check_logit_bias
 from ovbuild.runtime.validation import check_positive_int, check_stop_strings
+
+if TYPE_CHECKING:
+    from ovbuild.runtime.structured.state import OutputConstraint
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,14 @@ class GenerationConfig:
     top_p: float = 1.0
     rng_seed: int = 0
     speculative_sampling: str = "exact"  # how sampled draft tokens are verified: sampling.VERIFICATIONS
-    repetition_penalty: float = 1.0  # 1 = off; penalties as ovbuild.runtime.penalties applies them
+    repetition_penalty: float = 1.0  # 1 = off; penalties as ovbuild.runtime.decode.penalties applies them
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_new_tokens: int = 0  # EOS is held back until this many tokens were generated
     logprobs: int | None = None  # each generated token's logprob and this many alternatives; None = off
     prompt_logprobs: int | None = None  # the same for each prompt token but the first; skips the prefix cache
+    constraint: Constraint | None = None  # structured output: the grammar the output follows (runtime/structured)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit), OpenAI's logit_bias
 
     def __post_init__(self):
         # checked here, before any request is queued: a negative value would break the worst-case reservation
@@ -50,6 +58,9 @@ class GenerationConfig:
         check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_new_tokens)
         check_logprobs(self.logprobs, "logprobs")
         check_logprobs(self.prompt_logprobs, "prompt_logprobs")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ConfigError(f"constraint must be a Constraint, got {type(self.constraint).__name__}")
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
         if self.min_new_tokens > self.max_new_tokens:
             raise ConfigError(
                 f"min_new_tokens = {self.min_new_tokens} is more than max_new_tokens = {self.max_new_tokens}"
@@ -90,7 +101,8 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_new_tokens
     ABORT = "abort"  # its client went away, or a streamer stopped it
     SHUTDOWN = "shutdown"
-    ERROR = "error"
+    ERROR = "error"  # the step loop failed
+    GRAMMAR = "grammar"  # its constraint allows no token and is not complete (runtime/structured); output kept
 
     def __str__(self) -> str:
         return self.value
@@ -124,6 +136,8 @@ class Request:
     detokenizer: Detokenizer | None = None  # its stop strings' detokenizer (the scheduler's, made when first needed)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, with config.logprobs
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first None)
+    constraint: OutputConstraint | None = None  # its grammar's state and logit bias (None: unconstrained)
+    images: ImagePrompt | None = None  # the images its prompt shows, kept for recomputing after a preemption
 
     @property
     def context_len(self) -> int:
@@ -132,10 +146,12 @@ class Request:
         return len(self.prompt) + max(len(self.generated) - 1, 0)
 
     def block_hashes(self, block_size: int, length: int) -> list[bytes]:
-        """Chained hashes (ovbuild.runtime.prefix) of the full blocks among the first `length` committed tokens."""
+        """Chained hashes (ovbuild.runtime.cache.prefix) of the full blocks among the first `length` committed
+        tokens."""
         known = self.hashes.get(block_size, [])
         if len(known) < length // block_size:
-            known = chain_hashes(self.committed(0, length), block_size, known)
+            extra = self.images.block_key if self.images is not None else None
+            known = chain_hashes(self.committed(0, length), block_size, known, extra)
             self.hashes[block_size] = known
         return known[: length // block_size]
 

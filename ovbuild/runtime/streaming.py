@@ -1,10 +1,10 @@
-"""The step loop, and streaming every request's text as its tokens are committed (ovbuild.runtime.detokenizer)."""
+"""The step loop, and streaming each request's text as its tokens are committed (ovbuild.runtime.decode.detokenizer)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ovbuild.runtime.detokenizer import Detokenizer
+from ovbuild.runtime.decode.detokenizer import Detokenizer
 from ovbuild.runtime.request import FinishReason, Request
 from ovbuild.runtime.scheduler import Scheduler
 

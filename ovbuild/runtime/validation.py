@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ovbuild.errors import ConfigError, RequestError
+from ovbuild.runtime.model.machine import physical_memory_mb
 
 
 def check_positive_int(value: object, name: str) -> int:
@@ -51,14 +52,6 @@ def check_cache_mb(value: object, name: str) -> float:
     if memory is not None and value > memory:
         raise ConfigError(f"{name} = {value:g} MB is more than this machine's physical memory ({memory:.0f} MB)")
     return float(value)
-
-
-def physical_memory_mb() -> float | None:
-    """Installed memory in MB, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def check_writable(path: str | Path, name: str) -> None:

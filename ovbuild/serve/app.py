@@ -1,7 +1,8 @@
-"""The ASGI app: OpenAI-compatible endpoints over one engine, plus /health and /metrics.
+"""The ASGI app: OpenAI-compatible endpoints over one engine, plus vLLM's tokenizer endpoints, /health and /metrics.
 
 POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events ending in [DONE])
-GET  /v1/models, /health, /metrics
+GET  /v1/models, /v1/models/{id}, /version, /health, /metrics
+POST /tokenize, /detokenize; GET /tokenizer_info  (ovbuild.serve.tokenize)
 """
 
 from __future__ import annotations
@@ -9,20 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ovbuild.errors import OverloadedError, RequestError
-from ovbuild.runtime.prompts import PromptLimits, prompt_list
-from ovbuild.runtime.request import GenerationConfig
-from ovbuild.serve.chat import ChatTemplate
-from ovbuild.serve.choices import Choice
+from ovbuild.errors import RequestError
+from ovbuild.runtime.prompts import prompt_list
+from ovbuild.serve.choices import Choice, spec_decode_stats
 from ovbuild.serve.engine import Engine, Event, Ticket
+from ovbuild.serve.errors import install_error_handlers
+from ovbuild.serve.model import ServedModel
 from ovbuild.serve.protocol import (
     ChatCompletionRequest,
     ChatFormat,
@@ -34,38 +33,15 @@ from ovbuild.serve.protocol import (
     error_body,
     generation_config,
 )
+from ovbuild.serve.structured import chat_structure, one_constraint, requested_constraints, structured_fields
+from ovbuild.serve.tokenize import add_tokenizer_routes
+from ovbuild.serve.tools import check_tools
+from ovbuild.version import __version__
 
-# How often a non-streaming request checks whether its client is still there.
-_DISCONNECT_POLL_S = 0.5
+__all__ = ["ServedModel", "create_app"]
 
-
-@dataclass
-class ServedModel:
-    """What the endpoints need besides the engine: the name, tokenizer, template, limits and defaults."""
-
-    name: str
-    encode: Callable[[str], list[int]]
-    base_config: GenerationConfig
-    limits: PromptLimits
-    chat_template: ChatTemplate | None = None
-    default_max_tokens: int = 256  # chat requests without max_tokens (completions default to 16, as OpenAI's)
-    decode: Callable[[list[int]], str] | None = None  # token ids -> text (echoed prompts, logprobs' tokens)
-
-    def token_text(self, token: int) -> str:
-        """One token's text, as the logprobs show it."""
-        return self.decode([token]) if self.decode is not None else str(token)
-
-    @classmethod
-    def from_folder(cls, name: str, target_dir: str | Path, pipeline, default_max_tokens: int = 256) -> ServedModel:
-        return cls(
-            name,
-            pipeline.encode,
-            GenerationConfig(eos_token_ids=pipeline.eos_token_ids),
-            PromptLimits.from_pipeline(pipeline),
-            ChatTemplate.from_folder(target_dir),
-            default_max_tokens,
-            pipeline.decode,
-        )
+# How often a non-streaming request checks whether its client is still there, events arriving or not.
+_DISCONNECT_POLL_S = 0.25
 
 
 def create_app(engine: Engine, model: ServedModel) -> FastAPI:
@@ -80,21 +56,8 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
 
     app = FastAPI(title="ovbuild serve", lifespan=lifespan)
     app.state.engine, app.state.model = engine, model
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
-        return _error(400, message, "invalid_request_error", loc[0] if loc else None)
-
-    @app.exception_handler(RequestError)
-    async def refused(request: Request, exc: RequestError):
-        return _error(400, str(exc), "invalid_request_error", exc.param)
-
-    @app.exception_handler(OverloadedError)
-    async def overloaded(request: Request, exc: OverloadedError):
-        return _error(503, str(exc), "service_unavailable_error", None, "overloaded")
+    install_error_handlers(app)
+    add_tokenizer_routes(app, model)
 
     @app.get("/health")
     async def health():
@@ -108,42 +71,45 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
         body, content_type = engine.metrics.exposition()
         return Response(body, media_type=content_type)
 
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
     @app.get("/v1/models")
     async def models():
-        card = {"id": model.name, "object": "model", "created": 0, "owned_by": "ovbuild"}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model.card(name) for name in model.names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        return model.card(model.resolve(model_id))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check_model(body, model)
+        name = model.resolve(body.model)
         prompts, _ = prompt_list(body.prompt)
         ids = [model.encode(p) if isinstance(p, str) else p for p in prompts]
         echo = [p if isinstance(p, str) else model.decode(p) for p in prompts] if body.echo else None
-        fmt = CompletionFormat(model.name, model.token_text)
-        return await _serve(engine, model, body, ids, fmt, request, default_max_tokens=16, echo=echo)
+        fmt = CompletionFormat(name, model.token_text)
+        structured = await structured_fields(model, body, one_constraint(requested_constraints(body)))
+        return await _serve(engine, model, body, ids, fmt, request, 16, echo, structured)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        _check_model(body, model)
+        name = model.resolve(body.model)
         if model.chat_template is None:
             raise RequestError(f"model '{model.name}' has no chat template: use /v1/completions", "messages")
-        text = model.chat_template.render(
-            chat_messages(body), body.add_generation_prompt, **(body.chat_template_kwargs or {})
-        )
+        tools = check_tools(body.tools, body.tool_choice)
+        kwargs = dict(body.chat_template_kwargs or {})
+        if tools is not None and tools.choice != "none":
+            kwargs["tools"] = tools.template_tools
+        text = model.chat_template.render(chat_messages(body), body.add_generation_prompt, **kwargs)
         ids = [model.encode(text)]
-        fmt = ChatFormat(model.name, model.token_text)
-        return await _serve(engine, model, body, ids, fmt, request, model.default_max_tokens)
+        parsing, constraint = chat_structure(model, body, tools, text)
+        structured = await structured_fields(model, body, constraint)
+        fmt = ChatFormat(name, model.token_text, parsing)
+        return await _serve(engine, model, body, ids, fmt, request, model.default_max_tokens, None, structured)
 
     return app
-
-
-def _check_model(body: SamplingFields, model: ServedModel) -> None:
-    if body.model is not None and body.model != model.name:
-        raise RequestError(f"the model '{body.model}' is not served here (this server serves '{model.name}')", "model")
-
-
-def _error(status: int, message: str, kind: str, param: str | None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, param, code), status_code=status)
 
 
 async def _serve(
@@ -155,6 +121,7 @@ async def _serve(
     request: Request,
     default_max_tokens: int,
     echo: list[str] | None = None,
+    structured: dict | None = None,
 ) -> Response:
     """Submit every prompt (n samples of each, choice p * n + i the i-th of prompt p; submitted together, they are
     admitted together and share the prompt's cached blocks), wait until the scheduler accepted them all (or refused
@@ -163,11 +130,19 @@ async def _serve(
     for p, prompt in enumerate(ids):
         model.limits.check_ids(prompt)
         for i in range(body.n):
-            config = generation_config(body, len(prompt), model.base_config, model.limits, default_max_tokens, i)
+            config = generation_config(
+                body, len(prompt), model.base_config, model.limits, default_max_tokens, i, structured
+            )
             configs.append(config)
             prompts.append(prompt)
             logprobs = config.logprobs is not None
             choices.append(Choice(prompt, echo and echo[p], body.max_tokens == 0, i == 0, logprobs))
+    if len(prompts) > engine.max_requests:  # no wait would ever make room: not a 503
+        raise RequestError(
+            f"{len(ids)} prompts x n = {body.n} are {len(prompts)} choices; this server holds at most "
+            f"{engine.max_requests} at once (--max-requests)",
+            "n" if body.n > 1 else "prompt",
+        )
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     tickets = engine.submit(prompts, configs, [_sink(loop, events, i) for i in range(len(prompts))])
     pending: list[tuple[int, Event]] = []
@@ -183,10 +158,11 @@ async def _serve(
     except BaseException:
         _cancel(tickets)
         raise
+    stats = model.spec_decode_stats != "none"
     if body.stream:
-        stream = _stream(events, pending, tickets, choices, fmt, body.include_usage)
+        stream = _stream(events, pending, tickets, choices, fmt, body.include_usage, stats)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(events, pending, tickets, choices, fmt, request)
+    return await _collect(events, pending, tickets, choices, fmt, request, stats)
 
 
 def _sink(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int) -> Callable[[Event], None]:
@@ -213,9 +189,10 @@ async def _next(events: asyncio.Queue, pending: list) -> tuple[int, Event]:
 
 
 async def _stream(
-    events, pending, tickets, choices: list[Choice], fmt: Format, include_usage: bool
+    events, pending, tickets, choices: list[Choice], fmt: Format, include_usage: bool, stats: bool
 ) -> AsyncIterator[str]:
-    """Server-sent events; a client that goes away cancels the generator, and the finally aborts its requests."""
+    """Server-sent events; a client that goes away cancels the generator, and the finally aborts its requests. With
+    `stats`, a choice's last chunk carries its speculative decoding stats (as vLLM's terminal chunk does)."""
     finished = False
     try:
         for chunk in fmt.opening_chunks(len(tickets)):
@@ -226,7 +203,10 @@ async def _stream(
             choice = choices[index]
             text, scored, offset = choice.piece(event)
             if text or scored or event.last:
-                yield _sse(fmt.chunk(index, text, choice.finish_reason(event), scored, offset))
+                chunk = fmt.chunk(index, text, choice.finish_reason(event), scored, offset)
+                if stats and event.last:
+                    chunk["choices"][0]["speculative_decoding_stats"] = spec_decode_stats(choice.metrics)
+                yield _sse(chunk)
             done += event.last
             prompts, completions = choice.usage(event)
             prompt_tokens += prompts
@@ -242,18 +222,26 @@ async def _stream(
             _cancel(tickets)
 
 
-async def _collect(events, pending, tickets, choices: list[Choice], fmt: Format, request: Request) -> Response:
-    """The whole answer; polls for a client that left, so its requests do not run on for nobody."""
+async def _collect(
+    events, pending, tickets, choices: list[Choice], fmt: Format, request: Request, stats: bool
+) -> Response:
+    """The whole answer; checks every _DISCONNECT_POLL_S for a client that left, so its requests do not run on for
+    nobody. A generating request has events at every step: the check runs on the clock, not when events pause."""
     reasons = [None] * len(tickets)
     done = prompt_tokens = completion_tokens = 0
+    polled = time.monotonic()
     try:
         while done < len(tickets):
             try:
                 index, event = await asyncio.wait_for(_next(events, pending), _DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
+                index = event = None
+            if time.monotonic() - polled >= _DISCONNECT_POLL_S or event is None:
+                polled = time.monotonic()
                 if await request.is_disconnected():
                     _cancel(tickets)
                     return Response(status_code=499)
+            if event is None:
                 continue
             choice = choices[index]
             choice.piece(event)
@@ -267,7 +255,11 @@ async def _collect(events, pending, tickets, choices: list[Choice], fmt: Format,
         _cancel(tickets)
         raise
     texts, scored = [c.text for c in choices], [c.scored for c in choices]
-    return JSONResponse(fmt.response(texts, reasons, prompt_tokens, completion_tokens, scored))
+    answer = fmt.response(texts, reasons, prompt_tokens, completion_tokens, scored)
+    if stats:
+        for entry, choice in zip(answer["choices"], choices, strict=True):
+            entry["speculative_decoding_stats"] = spec_decode_stats(choice.metrics)
+    return JSONResponse(answer)
 
 
 def _sse(data: dict) -> str:

@@ -32,7 +32,7 @@ class ChatTemplate:
             self.template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ConfigError(f"{origin}: the chat template does not parse (line {e.lineno}: {e.message})") from e
-        self.special_tokens, self.origin = special_tokens, origin
+        self.special_tokens, self.origin, self.source = special_tokens, origin, source
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ChatTemplate | None:

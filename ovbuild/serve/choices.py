@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.serve.engine import Event
 from ovbuild.serve.protocol import Scored
 
@@ -21,6 +22,7 @@ class Choice:
     started: bool = False
     text: str = ""
     scored: Scored | None = None
+    metrics: RequestMetrics | None = None  # the request's counters, from its last event
 
     def piece(self, event: Event) -> tuple[str, Scored | None, int]:
         """This event's share of the choice: (text, scored tokens or None, the text's offset in the choice)."""
@@ -37,6 +39,8 @@ class Choice:
                     scored = [*zip(self.prompt, prompt, strict=True), *scored]
         offset = len(self.text)
         self.text += text
+        if event.last:
+            self.metrics = event.metrics
         if scored is not None:
             self.scored = [*(self.scored or []), *scored]
         return text, scored, offset
@@ -47,3 +51,22 @@ class Choice:
 
     def finish_reason(self, event: Event) -> str | None:
         return "length" if self.drop_tokens and event.finish_reason == "stop" else event.finish_reason
+
+
+def spec_decode_stats(metrics: RequestMetrics | None) -> dict | None:
+    """One choice's speculative decoding, in vLLM's per-request `speculative_decoding_stats` shape (its `summary`
+    level): tokens per verification step, the share of draft tokens accepted, the steps by accepted count, and
+    (ovbuild's addition) the accepted count at each draft position. None without the request's counters."""
+    if metrics is None:
+        return None
+    return {
+        "mean_acceptance_length": metrics.mean_acceptance_length,
+        "draft_acceptance_rate": metrics.acceptance_rate,
+        "acceptance_histogram": {str(j): c for j, c in enumerate(metrics.accepted_histogram) if c},
+        "num_spec_steps": metrics.num_drafts,
+        "num_accepted_draft_tokens": metrics.num_accepted_tokens,
+        "num_draft_tokens": metrics.num_draft_tokens,
+        # the draft length is chosen each step (or per request): the longest this request was given
+        "num_spec_tokens": len(metrics.accepted_per_position),
+        "num_accepted_tokens_per_pos": list(metrics.accepted_per_position),
+    }

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ovbuild.errors import OvbuildError, OverloadedError
-from ovbuild.runtime.logprobs import TokenLogprob
+from ovbuild.runtime.decode.logprobs import TokenLogprob
+from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.streaming import TextStream, step_until_done
@@ -38,6 +39,7 @@ class Event:
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens committed since the last event (when asked)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, with the first event after the prompt
+    metrics: RequestMetrics | None = None  # the request's own counters (its drafts and acceptance), with the last
 
     @property
     def last(self) -> bool:
@@ -216,7 +218,8 @@ class Engine:
             self.metrics.finished(request, reason, ticket.submitted, ticket.first_token, now)
             usage = dict(prompt_tokens=len(request.prompt), completion_tokens=len(request.generated))
             text = ticket.stream.finish(request.text)
-            self._end(ticket, Event(text=text, finish_reason=reason, **usage, **ticket.scores(request)))
+            last = Event(text=text, finish_reason=reason, metrics=request.metrics, **usage, **ticket.scores(request))
+            self._end(ticket, last)
         self.scheduler.finished.clear()  # a long-running server keeps no finished request
         self.stats = self._snapshot()
         self.metrics.queue(self.stats.running, self.stats.waiting)
@@ -247,4 +250,5 @@ _FINISH_REASONS = {
     FinishReason.LENGTH: "length",
     FinishReason.ABORT: "abort",
     FinishReason.SHUTDOWN: "abort",
+    FinishReason.GRAMMAR: "error",  # the constraint allows no token and is not complete: the answer is cut
 }

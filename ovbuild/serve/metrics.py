@@ -28,6 +28,12 @@ class ServeMetrics:
         )
         self.draft_tokens = Counter("ovbuild_spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)
         self.accepted_tokens = Counter("ovbuild_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.accepted_per_pos = Counter(
+            "ovbuild_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position (0 = the first draft token)",
+            ["position"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("ovbuild_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("ovbuild_generation_tokens", "Tokens generated", registry=r)
         self.success = Counter(
@@ -79,6 +85,8 @@ class ServeMetrics:
         self.drafts.inc(m.num_drafts)
         self.draft_tokens.inc(m.num_draft_tokens)
         self.accepted_tokens.inc(m.num_accepted_tokens)
+        for position, accepted in enumerate(m.accepted_per_position):
+            self.accepted_per_pos.labels(str(position)).inc(accepted)
         self.prompt_tokens.inc(len(request.prompt))
         self.generation_tokens.inc(len(request.generated))
         self.success.labels(reason).inc()

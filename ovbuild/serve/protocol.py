@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from ovbuild.errors import RequestError
-from ovbuild.runtime.logprobs import MAX_LOGPROBS, TokenLogprob
+from ovbuild.runtime.decode.logprobs import MAX_LOGPROBS, TokenLogprob
 from ovbuild.runtime.prompts import PromptLimits
 from ovbuild.runtime.request import GenerationConfig
+from ovbuild.serve.chat_output import ChatParsing
 
 Scored = list[tuple[int, TokenLogprob | None]]  # (token, its logprob entry; None for a prompt's first token)
 
@@ -51,6 +52,13 @@ class SamplingFields(_Body):
     user: str | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever the model says
     num_assistant_tokens: int | None = Field(None, ge=0)  # ovbuild's: draft tokens verified per step
+    # structured output (ovbuild.serve.structured): OpenAI's response_format, vLLM's structured_outputs and guided_*
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -79,7 +87,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict] | None = None
-    response_format: dict | None = None
+    tool_choice: str | dict | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict | None = None
 
@@ -91,13 +99,16 @@ def generation_config(
     limits: PromptLimits,
     default_max_tokens: int,
     sample: int = 0,
+    structured: dict | None = None,
 ) -> GenerationConfig:
     """The one place an API request becomes a GenerationConfig: budget, stops, EOS, sampling, penalties and logprobs.
     temperature absent or 0 (or top_k 1) is greedy, so that answers equal the target's own unless a client asks to
     sample; top_k -1 (vLLM) and 0 (GenAI) are off; without a seed a sampling request draws one; sample i of n samples
-    with the seed `seed + i`. max_tokens 0 (echo alone) runs one token, which the answer leaves out. Raises
-    RequestError naming the field."""
+    with the seed `seed + i`. max_tokens 0 (echo alone) runs one token, which the answer leaves out. `structured`:
+    the constraint and logit_bias fields (ovbuild.serve.structured). Raises RequestError naming the field."""
     _refuse_unsupported(body)
+    _check_seed(body)
+    structured = structured or {}
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if body.max_tokens == 0 and not getattr(body, "echo", False):
         raise RequestError("max_tokens = 0 needs echo: true (the prompt's logprobs alone)", "max_tokens")
@@ -119,6 +130,7 @@ def generation_config(
         min_new_tokens=0 if body.max_tokens == 0 else body.min_tokens,
         **_logprobs(body),
         **_sampling(body, sample),
+        **structured,
     )
 
 
@@ -138,23 +150,29 @@ def _sampling(body: SamplingFields, sample: int) -> dict:
     if not body.temperature or body.top_k == 1:
         return {"do_sample": False}
     seed = body.seed + sample if body.seed is not None else secrets.randbits(63)
-    if seed < 0:
-        raise RequestError(f"seed must be >= 0, got {body.seed}", "seed")
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
     top_p = body.top_p if body.top_p is not None else 1.0
     return {"do_sample": True, "temperature": body.temperature, "top_k": top_k, "top_p": top_p, "rng_seed": seed}
 
 
+# Sample i of n draws with seed + i, and a seed is a 64-bit Philox key (ovbuild.runtime.decode.sampling).
+SEED_LIMIT = 2**64
+
+
+def _check_seed(body: SamplingFields) -> None:
+    """A seed is in [0, 2**64 - n]: every sample's seed + i must be a 64-bit key (refused, not wrapped around)."""
+    if body.seed is not None and not 0 <= body.seed <= SEED_LIMIT - body.n:
+        raise RequestError(
+            f"seed must be an integer in [0, 2**64 - n] = [0, {SEED_LIMIT - body.n}] (sample i of n draws with "
+            f"seed + i), got {body.seed}",
+            "seed",
+        )
+
+
 def _refuse_unsupported(body: SamplingFields) -> None:
     refusals = {
-        "logit_bias": (bool(body.logit_bias), "logit_bias is not supported"),
         "best_of": ((getattr(body, "best_of", None) or 1) > 1, "best_of > 1 is not supported"),
         "suffix": (bool(getattr(body, "suffix", None)), "suffix is not supported"),
-        "tools": (bool(getattr(body, "tools", None)), "tools are not supported"),
-        "response_format": (
-            (getattr(body, "response_format", None) or {}).get("type", "text") != "text",
-            "only response_format type 'text' is supported",
-        ),
     }
     for param, (refused, message) in refusals.items():
         if refused:
@@ -271,12 +289,23 @@ class CompletionFormat(Format):
 class ChatFormat(Format):
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
+    def __init__(self, model: str, token_text: Callable[[int], str] = str, parsing: ChatParsing | None = None):
+        """parsing: how the answers are read for reasoning and tool calls (None: all content)."""
+        super().__init__(model, token_text)
+        self.parsing, self.streams = parsing, {}
+
     def choice(self, index, text, reason, scored):
-        message = {"role": "assistant", "content": text}
+        message, called = self.parsing.message(text) if self.parsing else ({"role": "assistant", "content": text}, 0)
+        reason = "tool_calls" if called and reason == "stop" else reason
         return {"index": index, "message": message, "logprobs": self.logprobs(scored), "finish_reason": reason}
 
     def chunk_choice(self, index, text, reason, scored, offset=0):
-        delta = {"content": text} if text else {}
+        if self.parsing is None:
+            delta = {"content": text} if text else {}
+        else:
+            stream = self.streams.setdefault(index, self.parsing.stream())
+            delta = stream.feed(text, last=reason is not None)
+            reason = "tool_calls" if stream.called and reason == "stop" else reason
         return {"index": index, "delta": delta, "logprobs": self.logprobs(scored), "finish_reason": reason}
 
     def logprobs(self, scored: Scored | None) -> dict | None:

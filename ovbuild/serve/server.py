@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ovbuild.errors import MissingDependencyError
@@ -15,11 +16,15 @@ def build_app(
     target_dir: str | Path,
     draft_dir: str | Path | None = None,
     options: RuntimeOptions | None = None,
-    name: str | None = None,
+    name: str | Sequence[str] | None = None,
     max_requests: int = 256,
     default_max_tokens: int = 256,
+    spec_decode_stats: bool = False,
+    **parsers,
 ):
-    """Compile the models and return the ASGI app serving them (the engine thread starts with the app)."""
+    """Compile the models and return the ASGI app serving them (the engine thread starts with the app). `name`: the
+    model name clients send, or several (aliases); default the target path. `spec_decode_stats`: every choice says
+    how its speculative decoding went (with a draft). parsers: reasoning_parser, tool_call_parser (ServedModel)."""
     try:
         from ovbuild.serve.app import ServedModel, create_app
         from ovbuild.serve.engine import Engine
@@ -28,7 +33,8 @@ def build_app(
     pipeline = Pipeline(target_dir, draft_dir, options)
     pipeline.compile_copies()  # steady latency from the first request on
     engine = Engine(pipeline.scheduler(), pipeline.decode, max_requests)
-    model = ServedModel.from_folder(name or str(target_dir), target_dir, pipeline, default_max_tokens)
+    stats = "summary" if spec_decode_stats and draft_dir is not None else "none"
+    model = ServedModel.from_folder(name or str(target_dir), target_dir, pipeline, default_max_tokens, stats, **parsers)
     app = create_app(engine, model)
     app.state.runtime = pipeline.describe()  # how the device compiled the models, for the startup log
     return app

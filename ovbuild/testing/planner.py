@@ -3,9 +3,9 @@ and in every run: tests that assert what was drafted or accepted must not depend
 
 from __future__ import annotations
 
-from ovbuild.runtime.call_cost import BUCKETS, CallCost
-from ovbuild.runtime.drafters.base import Drafter
-from ovbuild.runtime.speculation import Speculation
+from ovbuild.runtime.speculation.call_cost import BUCKETS, CallCost
+from ovbuild.runtime.speculation.drafters.base import Drafter
+from ovbuild.runtime.speculation.planner import Speculation
 
 
 def fixed_cost(seconds_per_call: float, seconds_per_row: float) -> CallCost:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from ovbuild.reference import DFlash2Reference, DFlashReference, DSparkReference, Qwen3Reference
 from ovbuild.reference.hybrid import HybridReference
+from ovbuild.reference.vision_minicpm import MiniCPMVisionReference
+from ovbuild.reference.vision_qwen import QwenVisionReference
 
 # Drafts: reference(cfg, draft weights, target weights); targets: reference(cfg, weights).
 REFERENCES: dict[str, type] = {
@@ -14,4 +16,9 @@ REFERENCES: dict[str, type] = {
     "dspark": DSparkReference,
     "qwen3": Qwen3Reference,
     "qwen3_5": HybridReference,
+}
+# Vision towers, by VisionTower.name: reference(vision config, weights).
+VISION_REFERENCES: dict[str, type] = {
+    "qwen3_5_vision": QwenVisionReference,
+    "minicpmv4_7_vision": MiniCPMVisionReference,
 }

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ovbuild.runtime.cache_manager import CacheManager
-from ovbuild.runtime.drafters.base import Drafter, DraftItem, Proposal
+from ovbuild.runtime.cache.cache_manager import CacheManager
+from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal
 
 
 @dataclass

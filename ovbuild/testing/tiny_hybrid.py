@@ -1,7 +1,8 @@
 """Tiny hybrid Qwen3.5-family checkpoints laid out like the published ones, and a DFlash v1 draft that fits them.
 
 The multimodal layout (Qwen3_5ForConditionalGeneration): the language model's keys nested under `text_config`, its
-tensors under `model.language_model.`, plus a few `model.visual.*` and `mtp.*` tensors that a build must ignore.
+tensors under `model.language_model.`, the vision tower under `vision_config` and `model.visual.*`
+(`tiny_vision.py`), and an `mtp.*` tensor that a build must ignore.
 The text-only layout (Qwen3_5ForCausalLM, `qwen3_5_text`): flat keys, tensors under `model.`. Geometry: 4 layers
 linear, linear, linear, full; grouped value heads (4 value heads over 2 key heads) with key and value head widths
 that differ, partial RoPE (a quarter of head_dim), GQA in the full layer.
@@ -15,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ovbuild.testing.tiny import random_tensor, write_checkpoint, write_tiny_dflash
-from ovbuild.testing.tokenizer import EOS_ID, MASK_ID, write_tokenizer
+from ovbuild.testing.tiny_vision import TINY_QWEN_VISION, qwen_vision_tensors
+from ovbuild.testing.tokenizer import EOS_ID, MASK_ID, QWEN_VISION_TOKENS, write_tokenizer
 
 TINY_HYBRID_TEXT = dict(
     model_type="qwen3_5_text",
@@ -53,12 +55,21 @@ TINY_HYBRID = dict(
     architectures=["Qwen3_5ForConditionalGeneration"],
     model_type="qwen3_5",
     text_config=TINY_HYBRID_TEXT,
-    vision_config={"model_type": "qwen3_5", "depth": 1, "hidden_size": 16, "out_hidden_size": 64, "patch_size": 2},
+    vision_config=TINY_QWEN_VISION,
     image_token_id=258,
     video_token_id=259,
     vision_start_token_id=260,
     vision_end_token_id=261,
     tie_word_embeddings=False,
+)
+TINY_PREPROCESSOR = dict(
+    image_processor_type="Qwen2VLImageProcessor",
+    patch_size=2,
+    temporal_patch_size=2,
+    merge_size=2,
+    size={"shortest_edge": 64, "longest_edge": 1024},  # pixels: 8 x 8 up to 32 x 32, so 4 to 64 image tokens
+    image_mean=[0.5, 0.5, 0.5],
+    image_std=[0.5, 0.5, 0.5],
 )
 TINY_HYBRID_TEXT_ONLY = dict(TINY_HYBRID_TEXT, architectures=["Qwen3_5ForCausalLM"])
 
@@ -134,12 +145,13 @@ def write_tiny_hybrid_target(
     if not text["tie_word_embeddings"]:
         tensors["lm_head.weight"] = random_tensor(rng, (v, h))
     if not text_only:
-        # parts of the published checkpoints a text build ignores: the vision tower and the MTP head
-        tensors["model.visual.patch_embed.proj.weight"] = random_tensor(rng, (16, 3, 2, 2, 2))
-        tensors["model.visual.merger.linear_fc1.weight"] = random_tensor(rng, (64, 64))
+        # the vision tower (its own IR) and the MTP head, which a text build ignores
+        tensors |= qwen_vision_tensors(config["vision_config"], config["architectures"][0], seed)
         tensors["mtp.fc.weight"] = random_tensor(rng, (h, 2 * h))
     folder = write_checkpoint(folder, config, tensors, dtype)
-    write_tokenizer(folder)
+    write_tokenizer(folder, () if text_only else QWEN_VISION_TOKENS)
+    if not text_only:  # the image processor's settings, sized to the tiny tower (2 x 2 patches, 2 x 2 merge windows)
+        (folder / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR) + "\n")
     (folder / "generation_config.json").write_text(
         json.dumps({"eos_token_id": text["eos_token_id"], "do_sample": False}) + "\n"
     )

@@ -39,6 +39,7 @@ TINY_MOE = dict(
     architectures=["Qwen3_5MoeForConditionalGeneration"],
     model_type="qwen3_5_moe",
     text_config=TINY_MOE_TEXT,
+    vision_config=dict(TINY_HYBRID["vision_config"], model_type="qwen3_5_moe"),
 )
 TIED_EXPERTS = (2, 5)  # router rows equal: their scores tie in every row
 MINICPMV_TOP = dict(
@@ -105,9 +106,10 @@ def _rewrite_as_moe(folder: Path, config: dict, seed: int, dtype: str, per_exper
 
     text = config["text_config"]
     dense = Checkpoint.open(folder)
-    tensors = {n: dense.get(n).to_f32() for n in dense.tensor_names if ".mlp." not in n}
-    rng = np.random.default_rng(seed + 1000)
     prefix = "model.language_model."
+    # the language model's dense MLPs go; the vision tower's blocks keep their own `mlp.*`
+    tensors = {n: dense.get(n).to_f32() for n in dense.tensor_names if not (n.startswith(prefix) and ".mlp." in n)}
+    rng = np.random.default_rng(seed + 1000)
     for i in range(text["num_hidden_layers"]):
         tensors |= moe_layer_tensors(rng, text, f"{prefix}layers.{i}.", per_expert)
     del dense

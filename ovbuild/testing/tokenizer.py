@@ -11,20 +11,42 @@ EOS_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|mask|>"
 EOS_ID, MASK_ID = 256, 257
 
 # A ChatML template in the shape of Qwen's (its markers are plain text to this byte-level tokenizer), so chat
-# requests run on the tiny target; it refuses unknown roles through raise_exception as real templates do.
+# requests run on the tiny target; it refuses unknown roles through raise_exception as real templates do. As Qwen3's,
+# it lists `tools` in a system turn, renders an assistant's tool_calls as <tool_call> blocks (arguments as a JSON
+# string or an object) and a tool message as a <tool_response> in a user turn.
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    '{{- \'\\n</tools>\\nCall one as <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message.role not in ['system', 'user', 'assistant'] %}"
+    "{%- if message.role not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{- raise_exception('unknown role: ' + message.role) }}"
     "{%- endif %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- if message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- set args = call.function.arguments %}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \' }}'
+    "{{- (args if args is string else args | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 
-def byte_level_tokenizer() -> Tokenizer:
-    """256 byte tokens (ids 0..255) and two special tokens; no merges, so it is tiny and deterministic."""
+# Qwen's vision markers, ids 258..261 after the two above (the tiny vision-language configs' image_token_id etc.)
+QWEN_VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def byte_level_tokenizer(extra: tuple[str, ...] = ()) -> Tokenizer:
+    """256 byte tokens (ids 0..255) and two special tokens, then `extra` special tokens; no merges, so it is tiny and
+    deterministic."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
     vocab = {c: i for i, c in enumerate(byte_chars)}
@@ -33,12 +55,15 @@ def byte_level_tokenizer() -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([EOS_TOKEN, MASK_TOKEN])
     assert tok.token_to_id(EOS_TOKEN) == EOS_ID and tok.token_to_id(MASK_TOKEN) == MASK_ID
+    if extra:
+        tok.add_special_tokens(list(extra))
     return tok
 
 
-def write_tokenizer(folder: Path) -> None:
-    """tokenizer.json and a minimal tokenizer_config.json with a chat template, as Hugging Face checkpoints have."""
-    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+def write_tokenizer(folder: Path, extra: tuple[str, ...] = ()) -> None:
+    """tokenizer.json and a minimal tokenizer_config.json with a chat template, as Hugging Face checkpoints have;
+    `extra`: more special tokens (a vision-language model's markers)."""
+    byte_level_tokenizer(extra).save(str(folder / "tokenizer.json"))
     config = {
         "eos_token": EOS_TOKEN,
         "bos_token": None,

@@ -2,18 +2,21 @@
 
 Published checkpoints (Qwen3.5 / 3.6 / 3.8 dense, `model_type` qwen3_5) are vision-language models: config.json
 nests the language model under `text_config` and the weights under `model.language_model.`; the vision tower
-(`vision_config`, `model.visual.*`) and the multi-token-prediction head (`mtp.*`) are ignored, so image input is not
-supported. A text-only checkpoint (`qwen3_5_text`, Qwen3_5ForCausalLM) is flat with weights under `model.`.
+(`vision_config`, `model.visual.*`) is read by `vision_qwen.py` into an IR of its own, and the multi-token-prediction
+head (`mtp.*`) is ignored. A checkpoint with a `vision_config` gets `mrope`: its language model takes image
+embeddings and three-axis positions as inputs (docs/vision.md). A text-only checkpoint (`qwen3_5_text`,
+Qwen3_5ForCausalLM) is flat with weights under `model.`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ovbuild.errors import ConfigError, TensorError, UnsupportedError
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.moe import MoeSpec, moe_tensor_table, parse_moe
+from ovbuild.weights.mrope import MropeSpec, parse_mrope
 from ovbuild.weights.rope import parse_rope
 from ovbuild.weights.target import TargetConfig, TargetLayout
 from ovbuild.weights.tensor_names import WeightSource
@@ -45,6 +48,8 @@ class HybridTargetConfig(TargetConfig):
     rotary_dim: int  # RoPE turns the first rotary_dim dims of each head (head_dim * partial_rotary_factor)
     # every MLP a mixture of experts (qwen3_5_moe_text; intermediate_size is then the shared expert's width), or None
     moe: MoeSpec | None = None
+    # the checkpoint can take images (it has a vision_config): the multi-axis RoPE its image positions use, else None
+    mrope: MropeSpec | None = None
     family: str = "qwen3_5"
 
     @property
@@ -76,7 +81,13 @@ class HybridTargetConfig(TargetConfig):
     @property
     def export_note(self) -> str | None:
         """The vision tower and the multi-token-prediction head of the published checkpoints are left out."""
+        if self.mrope is not None:
+            return f"{self.family} language model (layers {self.layer_pattern}), taking image embeddings as input"
         return f"{self.family} language model only (layers {self.layer_pattern}); image input is not supported"
+
+    def text_only(self) -> HybridTargetConfig:
+        """The language model without its image inputs: the IR a text-only checkpoint would give."""
+        return replace(self, mrope=None)
 
 
 def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
@@ -111,6 +122,9 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
     rotary_dim = int(head_dim * partial)
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
         raise ConfigError(f"{text.where('partial_rotary_factor')} = {partial} gives {rotary_dim} rotary dims")
+    mrope = None
+    if text is not root and root.has("vision_config"):  # a vision-language checkpoint: its LM can take images
+        mrope = parse_mrope(text.section("rope_parameters") or text.section("rope_scaling"), rotary_dim)
     tie_source = root if root.has("tie_word_embeddings") else text
     fields = dict(
         hidden_size=hidden,
@@ -136,7 +150,7 @@ def parse_hybrid_config(config: dict, path: str) -> HybridTargetConfig:
         linear_conv_kernel_dim=text.int("linear_conv_kernel_dim", 4, minimum=2),
         rotary_dim=rotary_dim,
     )
-    return HybridTargetConfig(**fields, moe=moe)
+    return HybridTargetConfig(**fields, moe=moe, mrope=mrope)
 
 
 def _text_model_type(root: ConfigReader, text: ConfigReader, arch: str) -> str:

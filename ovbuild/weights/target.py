@@ -39,6 +39,10 @@ class TargetConfig(Backbone):
         """What an export says about a checkpoint of this kind beyond its weights (None: nothing)."""
         return None
 
+    def text_only(self) -> TargetConfig:
+        """This config without image input (`export --no-vision`); a text model's is itself."""
+        return self
+
 
 @dataclass(frozen=True)
 class TargetLayout:

@@ -1,0 +1,1 @@
+"""Paged caches: KV blocks, their prefix hashes, a hybrid target's state pool, and the cache manager over them."""

@@ -1,0 +1,1 @@
+"""Turning logits into tokens: sampling, verification of drafts, penalties, logprobs and the detokenizer."""

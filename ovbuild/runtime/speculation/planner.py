@@ -1,0 +1,325 @@
+"""Adaptive speculation: how many draft tokens each request verifies next step (0 = no draft call for it).
+
+Each step the scheduler asks `Speculation.plan` for every decoding request's draft length k. The plan maximises the
+expected tokens per second of the next step,
+
+    tokens(k) / (t_target(rows(k)) + [any k > 0] (t_draft(draft_rows(k)) + t_draft_host) + t_host)
+
+where tokens(k) = sum over requests of 1 + r (s_1 + ... + s_k) (s_j: the chance that the first j proposals are all
+accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
+error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
+tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
+measured as a function of the rows a call computes (a static copy's, padding included;
+ovbuild.runtime.speculation.call_cost: calibrated once, then updated from every call); host time is measured apart for
+steps with and without a draft call. The draft works for the rows it runs: a request drafting k tokens costs k + 1
+target rows and k + candidate_offset draft rows (the drafter runs a block of that length). A draft call also carries
+every request's pending context rows: as many as the step commits are charged in full (each call of a drafting streak
+carries the step before's), and a backlog beyond them (taps piled up while nobody drafted, a gap's) serves every later
+step and is charged at a share (CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not
+drafting by DRAFT_MARGIN.
+
+Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
+acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
+candidate offset 0; with offset 1 a request's first proposal costs one more draft row, which the order ignores
+(within 3.3% of the best plan over 200 random cost regimes, tests/test_speculation.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ovbuild.runtime.speculation.call_cost import CallCost
+
+if TYPE_CHECKING:  # for annotations only: the planner itself runs no model
+    from ovbuild.runtime.model.paged_model import PagedModel
+    from ovbuild.runtime.speculation.drafters.base import Drafter
+
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+# The first position's acceptance before anything is observed: optimistic enough to try drafting. A deeper position's
+# prior is the run's estimate of the position before it (acceptance per position is alike along a block): with a
+# fixed prior, positions never reached kept looking likely however often the first proposal missed, and a draft wrong
+# at its first token kept being tried.
+PRIOR_ACCEPTANCE = 0.6
+PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
+# Standard errors added to the run-wide estimate that plans choose by: a greedy planner that stopped drafting on a few
+# early misses would never see the evidence that it was wrong (the demo pair's first request, rejected twice, kept a
+# whole pipeline from drafting again); the bonus shrinks as verifications add up, so a draft that is really poor is
+# still dropped. What a plan expects (for the realism, below) is taken without it: counted in, the bonus on positions
+# short plans never reach (0.6 -> 0.95) made full-block plans expect far more than they got, and the realism that
+# followed (0.47) kept the demo pair from drafting where full blocks ran 1.3x as fast.
+OPTIMISM = 1.0
+# Per step in which nobody drafts, the run-wide evidence (and the realism's counts) fade by this much: the planner
+# learns only from the steps it drafts in, so an estimate made in a bad moment (early misses, a busy machine) would
+# otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
+# half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
+RUN_IDLE_DECAY = 0.997
+REQUEST_WEIGHT = 4.0  # observations the run-wide estimate is worth in a request's own
+DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
+IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
+# A plan that makes a draft call where none is needed must promise this many times the tokens per second of not
+# drafting. Within that the call costs' noise decides, and a step that drafts costs more than its calls and host time
+# show: the next plain step's target call changes row count back (bench_row_padding.py, docs/speed.md). One request
+# at a time on the demo pair, where drafting is break-even, plans that drafted on such margins ran at 0.90x of never
+# drafting.
+DRAFT_MARGIN = 1.05
+FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
+# Steps without a plan, at most, while the last plans drafted for nobody. Such a plan's inputs barely move (no
+# verification adds evidence; idle fading only pulls requests back to the run-wide estimate), and a plan run right
+# after a model call cost ~0.27 ms here in numpy (cold caches: 5x its warm cost) and still ~0.1 ms in plain Python:
+# at every 8th step plans were 3% of a 1-request step on the demo pair.
+MAX_PLAN_BACKOFF = 32
+# A catch-up (the taps of rows that ran without them, ovbuild.runtime.catch_up) is paid once and serves every step the
+# request then drafts, and more: taps are left out again only after six plans in a row drafted for nobody, backing off
+# to MAX_PLAN_BACKOFF (37 steps). A plan charges this share of it: planning one step ahead, a plan that charged all of
+# it would never draft again after a long gap.
+CATCH_UP_STEPS = 32
+# A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
+# within this many steps however far the planner had backed off.
+REPLAN_AFTER_CHANGE = 4
+# Plans draft for a request when its recent acceptance was high, and acceptance regresses to the mean: the tokens a
+# plan expects are more than its verifications accept. With bf16 target math on the demo pair the planner drafted in
+# 58% of the steps, one request at a time, where every pinned k lost to the target alone (floor 0.83x), and ran at
+# 0.71x. So the accepted tokens a plan expects are scaled by how many the plans' verifications have accepted per
+# token expected: a prior of REALISM_PRIOR tokens at 1.0, each verification's counts decaying by REALISM_DECAY.
+REALISM_PRIOR = 8.0
+REALISM_DECAY = 0.98
+
+
+@dataclass
+class AcceptanceStats:
+    """Per draft position j: (decayed) verifications that reached j and those that accepted it."""
+
+    reached: np.ndarray
+    accepted: np.ndarray
+    idle_steps: int = 0  # steps without a draft whose fading is still owed (settled before the next plan)
+    expected: float = 0.0  # draft tokens the last plan expected this request to get accepted (0: it planned none)
+
+    @classmethod
+    def empty(cls, positions: int) -> AcceptanceStats:
+        return cls(np.zeros(positions), np.zeros(positions))
+
+    def record(self, proposed: int, accepted: int, decay: float) -> None:
+        """One verification: positions 0..accepted were reached (up to `proposed`), the first `accepted` kept."""
+        self.reached *= decay
+        self.accepted *= decay
+        self.reached[: min(accepted + 1, proposed)] += 1
+        self.accepted[:accepted] += 1
+
+    def fade(self, decay: float) -> None:
+        self.reached *= decay
+        self.accepted *= decay
+
+    def settle(self, decay: float) -> None:
+        """Fade by `decay` once per idle step owed: the scheduler counts idle steps between plans and pays them here."""
+        if self.idle_steps:
+            self.fade(decay**self.idle_steps)
+            self.idle_steps = 0
+
+
+@dataclass
+class Speculation:
+    """Call-cost models of the target and the draft, the run-wide acceptance, and the per-step plan."""
+
+    max_candidates: int
+    candidate_offset: int = 1
+    target_cost: CallCost = field(default_factory=CallCost)
+    draft_cost: CallCost = field(default_factory=CallCost)
+    host_s: float = 0.0  # scheduler overhead per step outside the calls, steps without a draft call (EMA)
+    # What a step with a draft call adds to host_s: taking the taps, verifying proposals, recording acceptance. Left
+    # out, a drafting step looked cheaper than it was, and the demo pair drafted one request at a time at 0.88x of
+    # never drafting while its plans expected a gain.
+    draft_host_s: float = 0.0
+    calibration_tried: bool = False  # calibration runs once, before the first plan (see DraftStep.step)
+    # where a calibration's timings are kept and found (ovbuild.runtime.speculation.calibration.CalibrationCache); None:
+    # timed
+    calibration_cache: object | None = None
+    # Steps between plans while the last plans drafted for nobody (doubling up to MAX_PLAN_BACKOFF). Kept here, across
+    # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
+    # 64-token request made 6 plans where 2 would do.
+    backoff: int = 0
+    learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
+    run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
+    _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
+    # survival's run-wide terms (optimistic, plain), until a record or aging moves them
+    _run_estimate: tuple[list[float], list[float]] | None = field(init=False, default=None)
+    # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
+    expected_tokens: float = field(init=False, default=0.0)
+    accepted_tokens: float = field(init=False, default=0.0)
+
+    def __post_init__(self):
+        self.run = AcceptanceStats.empty(self.max_candidates)
+
+    @classmethod
+    def for_pair(cls, target: PagedModel, drafter: Drafter) -> Speculation:
+        """A planner for `drafter` drafting for `target` (PagedModel), whose costs go by the rows each call computes."""
+        return cls(
+            drafter.max_candidates,
+            drafter.candidate_offset,
+            CallCost(computed=target.computed_rows),
+            CallCost(computed=drafter.computed_rows),
+        )
+
+    @property
+    def calibrated(self) -> bool:
+        return self.target_cost.calibrated and self.draft_cost.calibrated
+
+    def calibrate(self, time_target: Callable[[int], float], time_draft: Callable[[int], float]) -> None:
+        """Time calls of a few row counts on each model (the best of three each)."""
+        for rows in CALIBRATION_ROWS:
+            self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
+            self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
+
+    def observe_host(self, seconds: float, drafted: bool = False) -> None:
+        """One step's seconds outside its calls; `drafted`: the step made a draft call."""
+        if not self.learn_host:
+            return
+        if drafted:
+            self._drafting_host = _ema(self._drafting_host, seconds)
+        else:
+            self.host_s = _ema(self.host_s, seconds)
+        if self._drafting_host:
+            self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
+
+    def new_stats(self) -> AcceptanceStats:
+        return AcceptanceStats.empty(self.max_candidates)
+
+    def record(self, stats: AcceptanceStats, proposed: int, accepted: int) -> None:
+        """A verification's outcome, into the request's and the run's statistics."""
+        if proposed:
+            stats.record(proposed, accepted, DECAY)
+            self.run.record(proposed, accepted, 1.0)
+            self._run_estimate = None
+        if stats.expected:  # a plan's choice (a pinned k expects nothing)
+            self.expected_tokens = REALISM_DECAY * self.expected_tokens + stats.expected
+            self.accepted_tokens = REALISM_DECAY * self.accepted_tokens + accepted
+            stats.expected = 0.0
+
+    @property
+    def realism(self) -> float:
+        """Accepted per expected draft token of the plans so far (1.0 before any: the prior)."""
+        return (self.accepted_tokens + REALISM_PRIOR) / (self.expected_tokens + REALISM_PRIOR)
+
+    def survival(self, stats: list[AcceptanceStats], optimistic: bool = True) -> list[list[float]]:
+        """s [requests][max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request;
+        optimistic: with the run-wide estimate's OPTIMISM bonus (what plans choose by), else without (what they
+        expect)."""
+        if self._run_estimate is None:  # only verifications and aging move it: plans in between reuse it
+            run, prior = [], PRIOR_ACCEPTANCE
+            for accepted, reached in zip(self.run.accepted.tolist(), self.run.reached.tolist(), strict=True):
+                prior = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)  # the next position's prior
+                run.append(prior)
+            seen = self.run.reached + PRIOR_WEIGHT
+            plain = np.array(run)
+            bonus = OPTIMISM * np.sqrt(plain * (1 - plain) / seen)
+            self._run_estimate = np.minimum(plain + bonus, 1.0).tolist(), run
+        estimate = self._run_estimate[0 if optimistic else 1]
+        survival = []
+        for request in stats:
+            chance, row = 1.0, []
+            positions = zip(request.accepted.tolist(), request.reached.tolist(), estimate, strict=True)
+            for accepted, reached, run in positions:
+                chance *= (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)
+                row.append(chance)
+            survival.append(row)
+        return survival
+
+    def age(self, idle_steps: int) -> None:
+        """Steps in which nobody drafted: the run-wide evidence and the realism's counts fade (RUN_IDLE_DECAY)."""
+        if idle_steps <= 0:
+            return
+        fade = RUN_IDLE_DECAY**idle_steps
+        self.run.fade(fade)
+        self.expected_tokens *= fade
+        self.accepted_tokens *= fade
+        self._run_estimate = None
+
+    def plan(
+        self,
+        free: list[tuple[AcceptanceStats, int]],
+        fixed_target_rows: int,
+        fixed_draft_rows: int,
+        context_rows: int,
+        force_draft: bool,
+        gaps: list[int] | None = None,
+    ) -> list[int]:
+        """Draft length of each free request, maximising expected tokens per second of the next step.
+
+        free: (acceptance statistics, longest allowed k) of the requests whose k is ours to choose;
+        fixed_target_rows: rows the next target call runs whatever we choose (pinned requests, prompt chunks, one
+        anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
+        rows of every request (any draft call carries them); force_draft: a draft call happens anyway; gaps: each free
+        request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
+        catch_up) and its draft call carries. Pending context up to what the step commits is charged in full (a
+        drafting streak carries that much every step); context beyond it (a backlog, a gap's) is taken in once and
+        serves every later step: like the catch-up call, its share of the draft call is charged at 1 /
+        CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later draft call
+        look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks alone)
+        until drafting never resumed.
+
+        Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
+        costs several microseconds (cold caches); this way a plan costs about a third less there."""
+        if not free or max(k for _, k in free) <= 0:
+            return [0] * len(free)  # nothing to choose: nobody may draft
+        survival = self.survival([s for s, _ in free])
+        # every proposal that may be taken, best first; ties keep request-major order, each request's positions in order
+        order = sorted(
+            (-chance, request, j)
+            for request, ((_, longest), chances) in enumerate(zip(free, survival, strict=True))
+            for j, chance in enumerate(chances[:longest])
+        )
+        gaps = gaps or [0] * len(free)
+        tokens, blocks, caught = [float(len(free))], [0], [0]  # of the plans taking the first m proposals, m = 0..M
+        realism = self.realism
+        for negative_chance, request, j in order:
+            tokens.append(tokens[-1] - realism * negative_chance)
+            blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
+            caught.append(caught[-1] + (gaps[request] if j == 0 else 0))  # a first proposal brings its gap's rows
+        target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
+        # A draft call carries the blocks and the context rows committed since the last one. While drafting goes on,
+        # those are what each step commits (the step's tokens), paid every step: they are charged in full. Only the
+        # context beyond that, a backlog from steps without a draft call, is charged at its share.
+        steady = np.minimum(context_rows, np.array(tokens))
+        own = np.array(blocks) + fixed_draft_rows + steady
+        blocks_s = self.draft_cost(own)
+        ingest = self.draft_cost(own + np.array(caught) + (context_rows - steady)) - blocks_s
+        draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()
+        if caught[-1]:
+            catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
+            draft = [d + c for d, c in zip(draft, catch, strict=True)]
+        anyway = force_draft or fixed_draft_rows > 0
+        rates = [
+            tokens[m] / max(target[m] + self.host_s + (draft[m] + self.draft_host_s if m or anyway else 0.0), 1e-9)
+            for m in range(len(tokens))
+        ]
+        best = rates.index(max(rates))  # the fewest proposals among equally good plans
+        if not anyway and best and rates[best] < DRAFT_MARGIN * rates[0]:
+            best = 0  # a draft call that is not needed anyway must promise more than the costs' noise
+        if not anyway and best and self.target_cost.outdated(fixed_target_rows):
+            # What the plain step costs now is not known (no recent call of its rows, call_cost.PHASE_CALLS): run
+            # one to time it. On the demo pair, 4 requests at once drafted in every step against a 4-row call time
+            # left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
+            best = 0
+        lengths = [0] * len(free)
+        for _, request, _ in order[:best]:
+            lengths[request] += 1
+        plain = self.survival([s for s, _ in free], optimistic=False) if best else [[]] * len(free)
+        for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
+            stats.expected = sum(chances[:k])
+        return lengths
+
+
+def _ema(average: float, value: float) -> float:
+    """Exponential moving average over about 10 values; the first value starts it."""
+    return average + 0.1 * (value - average) if average else value
+
+
+def timed(call: Callable[[], object]) -> float:
+    """Wall seconds of one call."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
