@@ -330,14 +330,16 @@ def prompt_case(model: PagedModel, ids: list[int], name: str, seq: int) -> Rows:
     split = cuts.get(name)
     if name == "1-row subsequences":  # every row as verification rows run (a call of at most 64 rows)
         outputs = [call(model, [Part(seq, b, ids[b : b + 64])], seq) for b in range(0, n, 64)]
-        return Rows(outputs[-1].logits[-1:], np.concatenate([o.hidden for o in outputs]))
+        ops = {k: np.concatenate([o.ops[k] for o in outputs]) for k in outputs[0].ops}
+        return Rows(outputs[-1].logits[-1:], np.concatenate([o.hidden for o in outputs]), ops)
     if split is None:
         others = {"": [], "beside 3 decode rows": [(seq + 1 + i, 1) for i in range(3)], "beside long": [(LONG, 1)]}
         parts = [Part(seq, 0, ids, chunk=True)] + [Part(o, past, [7]) for o, past in others[name]]
         return call(model, parts, seq)
     first = call(model, [Part(seq, 0, ids[:split], chunk=True)], seq)
     last = call(model, [Part(seq, split, ids[split:], chunk=True)], seq)
-    return Rows(last.logits, np.concatenate([first.hidden, last.hidden]))
+    ops = {k: np.concatenate([first.ops[k], last.ops[k]]) for k in first.ops}
+    return Rows(last.logits, np.concatenate([first.hidden, last.hidden]), ops)
 
 
 def prompt_table(args, target_dir: Path) -> None:
@@ -358,7 +360,7 @@ def prompt_table(args, target_dir: Path) -> None:
                 ids = probe.tokens[:context]
                 alone = prompt_case(model, ids, "", 100)
                 model.free(100)
-                cells = []
+                cells, differing = [], []
                 for i, name in enumerate(PROMPT_CASES):
                     got = prompt_case(model, ids, name, 200 + 10 * i)
                     for seq in range(200 + 10 * i, 204 + 10 * i):
@@ -366,10 +368,29 @@ def prompt_table(args, target_dir: Path) -> None:
                     same = np.array_equal(got.logits, alone.logits) and np.array_equal(got.hidden, alone.hidden)
                     diff = (np.abs(got.logits - alone.logits).max(), np.abs(got.hidden - alone.hidden).max())
                     cells.append("=" if same else f"{diff[0]:.1e}/{diff[1]:.1e}")
+                    if not same:
+                        differing.append(name)
                 probe.close()
                 print(f"| {fmt} | {math} | {context} | " + " | ".join(cells) + " |", flush=True)
+                if args.bisect and differing:
+                    bisect_prompt(ir, math, ids, differing, args.properties)
             del model
             gc.collect()
+
+
+def bisect_prompt(ir: ov.Model, math: str, ids: list[int], names: list[str], properties: dict | None) -> None:
+    """Each differing prompt case again on the target with its ops as outputs: the first op that differs."""
+    model = compile_target(probed(ir, math), math, properties)
+    alone = prompt_case(model, ids, "", 100)
+    for i, name in enumerate(names):
+        got = prompt_case(model, ids, name, 200 + 10 * i)
+        positions = list(range(len(ids)))
+        still = "logits still differ" if not np.array_equal(got.logits, alone.logits) else "logits equal, ops probed"
+        rows = {p: Rows(alone.logits, alone.hidden[p : p + 1], {k: v[p : p + 1] for k, v in alone.ops.items()})
+                for p in positions}  # fmt: skip
+        print(f"    {name}: first differs at {first_op(got, positions, rows)}; {still}", flush=True)
+    del model
+    gc.collect()
 
 
 def bisect(ir: ov.Model, math: str, context: int, names: list[str], properties: dict | None) -> None:
