@@ -12,7 +12,7 @@ from ovbuild.graph.dflash import build_dflash_draft
 from ovbuild.graph.target import build_target
 from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.cache.kv_cache import SequenceRows
-from ovbuild.runtime.cache.rows import MAX_BLOCK_INDICES, MIN_PROMPT_CHUNK, generated_rows_a_call, prompt_chunk
+from ovbuild.runtime.cache.rows import MIN_PROMPT_CHUNK, prompt_chunk
 from ovbuild.runtime.model.devices import target_inference_precision
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
@@ -47,16 +47,6 @@ def test_prompt_chunks_never_hold_or_leave_a_lone_prompt_row():
                 if budget >= 2 and prompt_left - min(budget, left) != 1:
                     limit = min(left, budget, prompt_left) if prompt_left > 0 else min(left, budget)
                     assert n == limit, f"{where}: the budget was not kept"
-
-
-def test_a_preempted_requests_generated_rows_keep_their_block_tables_small():
-    """Each 1-row subsequence carries its sequence's block table, and the plugin crashed past about 16,000 indices
-    a call: generated rows computed again come a few a call, their tables within MAX_BLOCK_INDICES."""
-    for past in (0, 31, 32, 1000, 2000, 40960):
-        rows = generated_rows_a_call(past, 32)
-        indices = sum(-(-(past + i + 1) // 32) for i in range(rows))
-        assert rows >= 1 and (indices <= MAX_BLOCK_INDICES or rows == 1), (past, rows, indices)
-        assert prompt_chunk(5000, 2048, -past, rows) == min(rows, 2048)
 
 
 def test_a_prefix_hit_leaves_two_prompt_rows(models):

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.runtime.cache.cache_manager import CacheManager
-from ovbuild.runtime.cache.rows import generated_rows_a_call, prompt_chunk
+from ovbuild.runtime.cache.rows import prompt_chunk
 from ovbuild.runtime.draft_step import DraftStep
 from ovbuild.runtime.images import check_images
 from ovbuild.runtime.metrics import RunMetrics
@@ -150,13 +150,7 @@ class Admission:
         if request.status is Status.DECODE:
             return 1 + len(request.proposal)
         left, prompt_left = request.context_len - request.target_len, len(request.prompt) - request.target_len
-        return prompt_chunk(left, self.max_num_batched_tokens, prompt_left, self._generated_rows(request))
-
-    def _generated_rows(self, request: Request) -> int:
-        """Generated rows a preempted request computes again in one call: as 1-row subsequences, a few (cache.rows)."""
-        if not self.target.row_subsequences:
-            return self.max_num_batched_tokens
-        return generated_rows_a_call(request.target_len, self.target.cache.block_size)
+        return prompt_chunk(left, self.max_num_batched_tokens, prompt_left)
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         """Free every block of a running request and queue it first again: it is recomputed later, its committed

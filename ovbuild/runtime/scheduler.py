@@ -216,8 +216,7 @@ class Scheduler(Admission, Verification):
                 prompt_left = len(request.prompt) - request.target_len
                 # a request keeping every row's logits (its prompt logprobs) takes PROMPT_LOGPROB_ROWS a chunk at most
                 rows = budget if request.config.prompt_logprobs is None else min(budget, PROMPT_LOGPROB_ROWS)
-                generated = self._generated_rows(request)
-                n = prompt_chunk(context - request.target_len, rows, prompt_left, generated)  # never a lone prompt row
+                n = prompt_chunk(context - request.target_len, rows, prompt_left)  # never a lone prompt row
                 chunk = request.committed(request.target_len, request.target_len + n)
                 last = request.target_len + n == context
                 wanted = [n - 1] if last else []

@@ -32,27 +32,16 @@ def sequence_rows(seq_id: int, past_len: int, num_rows: int, one_per_row: bool) 
 # subsequences after a longer one of the same sequence in one call do not see its rows (their logits were off by up
 # to 0.9 on the tiny target).
 MIN_PROMPT_CHUNK = 2
-# The CPU plugin crashed (a segfault) on calls whose block tables held more than about 16,000 block indices (a call of
-# 1016 1-row subsequences of one sequence, or of 600 sequences at 1000 tokens: docs/invariance.md). Each 1-row
-# subsequence carries its sequence's whole block table, so a preempted request computes its generated tokens again a
-# few rows a call, their tables within this many indices.
-MAX_BLOCK_INDICES = 4096
 
 
-def generated_rows_a_call(past_len: int, block_size: int) -> int:
-    """Generated rows a preempted request computes again in one call from `past_len` on (1-row subsequences)."""
-    most = 64  # the largest static copy's rows (static_rows.COPY_ROWS)
-    return max(1, min(most, MAX_BLOCK_INDICES // ((past_len + most) // block_size + 1)))
-
-
-def prompt_chunk(left: int, budget: int, prompt_left: int, generated_rows: int = 1 << 30) -> int:
+def prompt_chunk(left: int, budget: int, prompt_left: int) -> int:
     """Rows of a prefilling request's next chunk: `left` rows to go (`prompt_left` of them prompt rows; the others are
     the generated tokens a preempted request computes again) and `budget` rows left in the call. At most the budget
     (at least 1) and no further than the prompt's end, except that the chunk never holds one prompt row of several
-    nor leaves one behind: there the budget gives way (by at most 2 rows). Generated rows: `generated_rows` at most."""
+    nor leaves one behind: there the budget gives way (by at most 2 rows)."""
     n = min(left, max(budget, 1))
     if prompt_left <= 0:
-        return min(n, generated_rows)
+        return n
     n = min(n, prompt_left)
     if n < MIN_PROMPT_CHUNK <= prompt_left:
         n = MIN_PROMPT_CHUNK
