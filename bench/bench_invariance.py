@@ -472,7 +472,7 @@ def cost(args, target_dir: Path) -> None:
             def prompt(chunk: bool, model=model, t=t, c=c) -> None:
                 if chunk:
                     call(model, [Part(500, 0, t[:c], chunk=True)], 500)
-                # 1-row subsequences 64 a call: all in one call crash the plugin (docs/invariance.md)
+                # 1-row subsequences 64 a call, as 4 requests' verification rows come
                 for begin in range(0, 0 if chunk else c, 64):
                     call(model, [Part(500, begin, t[begin : min(begin + 64, c)])], 500)
                 model.free(500)
