@@ -178,9 +178,9 @@ class ImagePrompter:
         (a RequestError when the counts differ)."""
         return self.tokenizer.encode(self.processor.expand_prompt(text, processed), add_special_tokens=False).ids
 
-    def place(self, ids: list[int], processed: list) -> ImagePrompt:
-        """Encode each processed image (the tower runs once per image not in the encoder's cache) and place its rows
-        at its placeholder runs in `ids`."""
+    def place(self, ids: list[int], processed: list, embeds: list[np.ndarray] | None = None) -> ImagePrompt:
+        """Encode each processed image (the tower runs once per image not in the encoder's cache; `embeds`: rows
+        encoded already, one array per image) and place its rows at its placeholder runs in `ids`."""
         runs = [i for i, t in enumerate(ids) if t == self.image_id and (i == 0 or ids[i - 1] != self.image_id)]
         crops = sum(len(image.grid) for image in processed)  # a Qwen image is one run, a MiniCPM-V crop is one
         if len(runs) != crops:
@@ -189,7 +189,10 @@ class ImagePrompter:
                 f"placeholders touch cannot be told apart (put text or markers between them)",
                 "messages",
             )
-        embeds = self.encoder.encode([(p.pixel_values, p.grid) for p in processed], [p.content_hash for p in processed])
+        if embeds is None:
+            embeds = self.encoder.encode(
+                [(p.pixel_values, p.grid) for p in processed], [p.content_hash for p in processed]
+            )
         if self.canvas:
             return self.canvas_prompt(ids, runs, processed, embeds)
         merge, images = math.isqrt(self.encoder.record.patches_per_token), []  # the merge window's side

@@ -7,12 +7,15 @@ stalls the engine's steps. Every refusal is a RequestError naming the content pa
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from ovbuild.errors import ImageError, OvbuildError, RequestError
 from ovbuild.ir import VISION_FILE
@@ -25,6 +28,7 @@ from ovbuild.runtime.prompts import PromptLimits
 # bytes) and its pixel values, so a burst of large images is taken two at a time, not as many as the thread pool has.
 PREPARING_AT_ONCE = 2
 REMOTE_TIMEOUT_S = 10.0
+NO_PIXELS = np.zeros(0, np.float32)  # what a processed image keeps once encoded: its rows are what count
 
 
 @dataclass(frozen=True)
@@ -147,20 +151,41 @@ class ServedImages:
         return "".join(p["text"] if p["type"] == "text" else self.prompter.placeholder() for p in content), images
 
     def prepare(self, text: str, images: list[tuple[str, str]], limits: PromptLimits) -> tuple[list[int], ImagePrompt]:
-        """Token ids of the rendered `text` with each image's placeholder run, and its ImagePrompt: read, decode and
-        process every image (a 400 naming its part), check the prompt fits the context, then encode (the tower runs
-        only for images not in the encoder's cache). Runs in a worker thread."""
+        """Token ids of the rendered `text` with each image's placeholder run, and its ImagePrompt. One image at a
+        time: read, decode, process (a 400 naming its part), encode (the tower runs only for an image not in the
+        encoder's cache), then its pixel values are dropped, so the step never holds more than one image's pixels and
+        activations. The counts are checked before any image is read, the context as the images add up.
+        Runs in a worker thread."""
+        written = text.count(self.image_token)
+        if written != len(images):
+            raise RequestError(
+                f"the rendered messages hold {written} image placeholder(s) ({self.image_token}) for {len(images)} "
+                f"image(s) (the chat template leaves out images it does not render, e.g. in a system message; the "
+                f"text must not hold the image token itself)",
+                "messages",
+            )
+        context = limits.context_length
         with self.gate:
-            processed = [self.processed(url, where) for url, where in images]
+            processed, embeds, shown = [], [], 0
+            for url, where in images:
+                image = self.processed(url, where)
+                shown += image.num_tokens
+                if context is not None and shown >= context:
+                    raise RequestError(
+                        f"{where}: the images up to this one take {shown} tokens; this model's maximum context length "
+                        f"is {context}",
+                        "messages",
+                    )
+                embeds.append(self.prompter.encoder.encode_one(image.pixel_values, image.grid, image.content_hash))
+                processed.append(dataclasses.replace(image, pixel_values=NO_PIXELS))
             ids = self.prompter.expand(text, processed)
-            if limits.context_length is not None and len(ids) >= limits.context_length:
-                shown = sum(p.num_tokens for p in processed)
+            if context is not None and len(ids) >= context:
                 raise RequestError(
-                    f"the prompt is {len(ids)} tokens, {shown} of them for its {len(processed)} image(s); this "
-                    f"model's maximum context length is {limits.context_length}",
+                    f"the prompt is {len(ids)} tokens, {shown} of them for its {len(images)} image(s); this model's "
+                    f"maximum context length is {context}",
                     "messages",
                 )
-            return ids, self.prompter.place(ids, processed)
+            return ids, self.prompter.place(ids, processed, embeds)
 
     def processed(self, url: str, where: str):
         """One image read, decoded and processed; its ImageError becomes a RequestError naming the part."""
