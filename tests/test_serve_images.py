@@ -33,6 +33,8 @@ from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hyb
 from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
 from ovbuild.testing.tokenizer import write_tokenizer
 
+from export_helpers import assert_clean_error, ovbuild
+
 pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 MODEL, MAX_TOKENS, CONTEXT = "tiny-vl", 12, 448
@@ -325,6 +327,13 @@ def test_remote_images_are_fetched_only_with_the_flag(tmp_path):
         with pytest.raises(RequestError, match="over the 100-byte image limit"):
             small.read(url, "messages[0].content[0]")
         origin.shutdown()
+
+
+def test_the_command_checks_its_image_flags_before_loading(capsys, tmp_path):
+    run = ovbuild(capsys, "serve", "--target", tmp_path, "--allowed-local-media-path", tmp_path / "none")
+    assert_clean_error(run, "--allowed-local-media-path")
+    run = ovbuild(capsys, "serve", "--target", tmp_path, "--replicas", "2", "--allow-remote-images")
+    assert_clean_error(run, "not supported with --replicas")
 
 
 # -- MiniCPM-V 4.7: a template that takes string contents, the processor's canvas layout --------------------------

@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
 
         if args.per_request_spec_decode_metrics:
             raise UnsupportedError("--per-request-spec-decode-metrics is not supported with --replicas")
+        if args.allowed_local_media_path or args.allow_remote_images:  # replicas take data: URLs only
+            raise UnsupportedError(
+                "--allowed-local-media-path and --allow-remote-images are not supported with --replicas"
+            )
 
         return serve_on_ray(args, runtime_options(args))
 
