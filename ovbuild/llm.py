@@ -156,30 +156,50 @@ class ImagePrompter:
             raise UnsupportedError(f"{folder}: the tokenizer has no {token} token")
         return found
 
+    def placeholder(self) -> str:
+        """One image's placeholder as the chat templates write it: Qwen's image token between its vision markers,
+        MiniCPM-V's image token alone (its processor writes the markers)."""
+        tokens = self.processor.tokens
+        return tokens.image if self.canvas else tokens.vision_start + tokens.image + tokens.vision_end
+
     def with_placeholders(self, text: str, count: int) -> str:
         """`text` as it is when it holds image tokens, else with `count` images' placeholders before it."""
-        tokens = self.processor.tokens
-        if tokens.image in text:
-            return text
-        if self.canvas:
-            return tokens.image * count + text
-        return (tokens.vision_start + tokens.image + tokens.vision_end) * count + text
+        return text if self.processor.tokens.image in text else self.placeholder() * count + text
 
     def prompt(self, text: str, sources: list) -> tuple[list[int], ImagePrompt]:
         """Token ids of `text` with its images' placeholder runs, and its ImagePrompt. A text without the image
         token gets the images first (as the chat templates render a message's images before its text)."""
         processed = [self.processor.process(decode_image(source)) for source in sources]
-        text = self.with_placeholders(text, len(processed))
-        ids = self.tokenizer.encode(self.processor.expand_prompt(text, processed), add_special_tokens=False).ids
+        ids = self.expand(self.with_placeholders(text, len(processed)), processed)
+        return ids, self.place(ids, processed)
+
+    def expand(self, text: str, processed: list) -> list[int]:
+        """Token ids of a text holding one image token per processed image, each expanded into its placeholder run
+        (a RequestError when the counts differ)."""
+        return self.tokenizer.encode(self.processor.expand_prompt(text, processed), add_special_tokens=False).ids
+
+    def place(self, ids: list[int], processed: list, embeds: list[np.ndarray] | None = None) -> ImagePrompt:
+        """Encode each processed image (the tower runs once per image not in the encoder's cache; `embeds`: rows
+        encoded already, one array per image) and place its rows at its placeholder runs in `ids`."""
         runs = [i for i, t in enumerate(ids) if t == self.image_id and (i == 0 or ids[i - 1] != self.image_id)]
-        embeds = self.encoder.encode([(p.pixel_values, p.grid) for p in processed], [p.content_hash for p in processed])
+        crops = sum(len(image.grid) for image in processed)  # a Qwen image is one run, a MiniCPM-V crop is one
+        if len(runs) != crops:
+            raise RequestError(
+                f"the prompt's image tokens form {len(runs)} run(s) for {crops} image crop(s): images whose "
+                f"placeholders touch cannot be told apart (put text or markers between them)",
+                "messages",
+            )
+        if embeds is None:
+            embeds = self.encoder.encode(
+                [(p.pixel_values, p.grid) for p in processed], [p.content_hash for p in processed]
+            )
         if self.canvas:
-            return ids, self.canvas_prompt(ids, runs, processed, embeds)
+            return self.canvas_prompt(ids, runs, processed, embeds)
         merge, images = math.isqrt(self.encoder.record.patches_per_token), []  # the merge window's side
         for start, image, rows in zip(runs, processed, embeds, strict=True):
             t, h, w = (int(g) for g in image.grid[0])
             images.append(ImageInput(start, rows, (t, h // merge, w // merge), image.content_hash))
-        return ids, ImagePrompt.of(len(ids), images)
+        return ImagePrompt.of(len(ids), images)
 
     def canvas_prompt(self, ids: list[int], runs: list[int], processed: list, embeds: list) -> ImagePrompt:
         """MiniCPM-V 4.7: every crop (an image's overview and each slice) is a run of its own between markers, so

@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "testing": {"errors", "ir", "weights", "reference", "runtime"},
     "llm": {"errors", "runtime", "processor"},  # processor: images=[paths] are processed before the runtime
     # signals: the Ray CLI restores its SIGTERM handling; version: GET /version
-    "serve": {"version", "errors", "signals", "ir", "runtime"},
+    # llm, processor: chat images go through the same ImagePrompter as LLM.generate(images=...)
+    "serve": {"version", "errors", "signals", "ir", "runtime", "llm", "processor"},
     "processor": {"errors"},  # no OpenVINO: ovbuild.ir would bring it in, so it reads its JSON files itself
 }
 TOP = {"ovbuild", "cli", "commands", "demo"}

@@ -74,7 +74,8 @@ def test_measurements_name_command_cpu_and_commit_or_date(doc):
 def test_every_benchmark_runs_on_the_harness():
     bench = ROOT / "bench"
     files = sorted(p.name for p in bench.iterdir() if p.is_file())
-    assert len(files) <= 11, f"bench/ holds the benchmarks a user runs, at most 11 files: {files}"
+    # 12: the benchmarks of this wave are invariance and vision
+    assert len(files) <= 12, f"bench/ holds the benchmarks a user runs, at most 12 files: {files}"
     for script in bench.glob("bench_*.py"):
         text = script.read_text()
         assert "import harness" in text and "harness.start(" in text, f"{script.name}: not on bench/harness.py"

@@ -58,6 +58,17 @@ def register(subparsers) -> None:
         choices=sorted(TOOL_FORMATS),
         help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, Qwen2.5 / Qwen3)",
     )
+    p.add_argument(
+        "--allowed-local-media-path",
+        metavar="DIR",
+        help="chat image_url parts may name local files (a path or file:// URL) under DIR, symlinks resolved "
+        "(default: no local files; data: URLs are always taken)",
+    )
+    p.add_argument(
+        "--allow-remote-images",
+        action="store_true",
+        help="fetch http(s) image URLs of chat requests (default: refused with a 400; the server fetches nothing)",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument(
         "--replicas",
@@ -78,6 +89,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ovbuild.errors import MissingDependencyError
+    from ovbuild.serve.images import ImagePolicy
     from ovbuild.serve.server import build_app
 
     if args.replicas is not None:
@@ -86,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
 
         if args.per_request_spec_decode_metrics:
             raise UnsupportedError("--per-request-spec-decode-metrics is not supported with --replicas")
+        if args.allowed_local_media_path or args.allow_remote_images:  # replicas take data: URLs only
+            raise UnsupportedError(
+                "--allowed-local-media-path and --allow-remote-images are not supported with --replicas"
+            )
 
         return serve_on_ray(args, runtime_options(args))
 
@@ -97,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_requests,
         args.default_max_tokens,
         args.per_request_spec_decode_metrics,
+        image_policy(args, ImagePolicy),
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
     )
@@ -108,3 +125,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"ovbuild serve: {app.state.runtime}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def image_policy(args: argparse.Namespace, policy_class):
+    """Where chat images may come from: --allowed-local-media-path (an existing folder) and --allow-remote-images."""
+    from pathlib import Path
+
+    from ovbuild.errors import ConfigError
+
+    root = args.allowed_local_media_path
+    if root is not None and not Path(root).is_dir():
+        raise ConfigError(f"--allowed-local-media-path {root}: not a folder")
+    return policy_class(Path(root) if root is not None else None, args.allow_remote_images)

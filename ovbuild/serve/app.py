@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from ovbuild.errors import RequestError
+from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.prompts import prompt_list
 from ovbuild.serve.choices import Choice, spec_decode_stats
 from ovbuild.serve.engine import Engine, Event, Ticket
@@ -29,7 +31,7 @@ from ovbuild.serve.protocol import (
     CompletionRequest,
     Format,
     SamplingFields,
-    chat_messages,
+    chat_messages_with_images,
     error_body,
     generation_config,
 )
@@ -102,14 +104,32 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
         kwargs = dict(body.chat_template_kwargs or {})
         if tools is not None and tools.choice != "none":
             kwargs["tools"] = tools.template_tools
-        text = model.chat_template.render(chat_messages(body), body.add_generation_prompt, **kwargs)
-        ids = [model.encode(text)]
+        messages, shown = chat_messages_with_images(body, model.images)
+        text = model.chat_template.render(messages, body.add_generation_prompt, **kwargs)
+        ids, pictures = await _chat_prompt(model, text, shown)
         parsing, constraint = chat_structure(model, body, tools, text)
         structured = await structured_fields(model, body, constraint)
         fmt = ChatFormat(name, model.token_text, parsing)
-        return await _serve(engine, model, body, ids, fmt, request, model.default_max_tokens, None, structured)
+        return await _serve(
+            engine, model, body, [ids], fmt, request, model.default_max_tokens, None, structured, [pictures]
+        )
 
     return app
+
+
+async def _chat_prompt(model: ServedModel, text: str, shown: list[tuple[str, str]]):
+    """A rendered chat's token ids and the images it shows (None without images). Images are read, processed and
+    encoded in a worker thread, so the event loop and the engine's steps go on meanwhile."""
+    images = model.images
+    if not shown:
+        if images is not None and images.image_token in text:
+            raise RequestError(
+                f"the messages hold the image token {images.image_token} but no image_url part: there is no image "
+                f"for it",
+                "messages",
+            )
+        return model.encode(text), None
+    return await run_in_threadpool(images.prepare, text, shown, model.limits)
 
 
 async def _serve(
@@ -122,11 +142,13 @@ async def _serve(
     default_max_tokens: int,
     echo: list[str] | None = None,
     structured: dict | None = None,
+    shown: list[ImagePrompt | None] | None = None,
 ) -> Response:
     """Submit every prompt (n samples of each, choice p * n + i the i-th of prompt p; submitted together, they are
     admitted together and share the prompt's cached blocks), wait until the scheduler accepted them all (or refused
-    one: 400), then answer."""
-    configs, prompts, choices = [], [], []
+    one: 400), then answer. `shown`: per prompt, the images it shows (encoded already)."""
+    configs, prompts, choices, images = [], [], [], []
+    shown = shown or [None] * len(ids)
     for p, prompt in enumerate(ids):
         model.limits.check_ids(prompt)
         for i in range(body.n):
@@ -135,6 +157,7 @@ async def _serve(
             )
             configs.append(config)
             prompts.append(prompt)
+            images.append(shown[p])
             logprobs = config.logprobs is not None
             choices.append(Choice(prompt, echo and echo[p], body.max_tokens == 0, i == 0, logprobs))
     if len(prompts) > engine.max_requests:  # no wait would ever make room: not a 503
@@ -144,7 +167,7 @@ async def _serve(
             "n" if body.n > 1 else "prompt",
         )
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
-    tickets = engine.submit(prompts, configs, [_sink(loop, events, i) for i in range(len(prompts))])
+    tickets = engine.submit(prompts, configs, [_sink(loop, events, i) for i in range(len(prompts))], images)
     pending: list[tuple[int, Event]] = []
     try:
         accepted = 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ovbuild.errors import OvbuildError, OverloadedError
 from ovbuild.runtime.decode.logprobs import TokenLogprob
+from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.metrics import RequestMetrics
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
@@ -54,6 +55,7 @@ class Ticket:
     config: GenerationConfig
     sink: Callable[[Event], None]
     engine: Engine
+    images: ImagePrompt | None = None  # the images its prompt shows (embeddings, positions), made before submit
     submitted: float = field(default_factory=time.perf_counter)
     request: Request | None = None  # set by the engine thread once the scheduler accepted it
     stream: TextStream | None = None
@@ -126,15 +128,23 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, prompts: list[list[int]], configs: list[GenerationConfig], sinks: list[Callable]) -> list[Ticket]:
-        """Queue prompts that belong together (one HTTP request); all or none. OverloadedError when full."""
+    def submit(
+        self,
+        prompts: list[list[int]],
+        configs: list[GenerationConfig],
+        sinks: list[Callable],
+        images: list[ImagePrompt | None] | None = None,
+    ) -> list[Ticket]:
+        """Queue prompts that belong together (one HTTP request); all or none. OverloadedError when full. `images`:
+        per prompt, the images it shows (already encoded: the engine thread never processes an image)."""
         with self._lock:
             if self._outstanding + len(prompts) > self.max_requests:
                 raise OverloadedError(
                     f"the server holds {self._outstanding} requests, at most {self.max_requests}: retry later"
                 )
             self._outstanding += len(prompts)
-        tickets = [Ticket(p, c, s, self) for p, c, s in zip(prompts, configs, sinks, strict=True)]
+        images = images or [None] * len(prompts)
+        tickets = [Ticket(*t, self, i) for *t, i in zip(prompts, configs, sinks, images, strict=True)]
         for ticket in tickets:
             self._inbox.put(("submit", ticket))
         return tickets
@@ -184,7 +194,7 @@ class Engine:
 
     def _add(self, ticket: Ticket) -> None:
         try:
-            request = self.scheduler.add_request(ticket.prompt, ticket.config)
+            request = self.scheduler.add_request(ticket.prompt, ticket.config, images=ticket.images)
         except OvbuildError as e:
             self._end(ticket, Event(error=e))
             return

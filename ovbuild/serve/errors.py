@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ovbuild.errors import OverloadedError, RequestError
+from ovbuild.errors import ImageError, OverloadedError, RequestError
 from ovbuild.serve.protocol import error_body
 
 log = logging.getLogger("ovbuild.serve")
@@ -41,6 +41,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError):
         return error_response(400, str(exc), exc.param, "invalid_request_error")
+
+    @app.exception_handler(ImageError)
+    async def bad_image(request: Request, exc: ImageError):  # an image a request sent: the request's fault
+        return error_response(400, str(exc), "messages", "invalid_request_error")
 
     @app.exception_handler(OverloadedError)
     async def overloaded(request: Request, exc: OverloadedError):

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ovbuild.ir import read_json
 from ovbuild.runtime.prompts import PromptLimits
@@ -16,6 +17,9 @@ from ovbuild.runtime.structured.grammar import Grammars
 from ovbuild.serve.chat import ChatTemplate
 from ovbuild.serve.errors import ModelNotFoundError
 from ovbuild.serve.tools import DEFAULT_FORMAT as DEFAULT_TOOL_FORMAT
+
+if TYPE_CHECKING:
+    from ovbuild.serve.images import ServedImages
 
 # tokenizer_config.json keys /tokenizer_info leaves out: the added-token table is tokenizer.json's business.
 _TOKENIZER_INFO_SKIPPED = ("added_tokens_decoder",)
@@ -48,6 +52,7 @@ class ServedModel:
     vocab_size: int | None = None  # the model's vocabulary (logit_bias ids are checked against it)
     reasoning_parser: str | None = None  # a key of ovbuild.serve.reasoning.FORMATS, or None: no reasoning split
     tool_call_parser: str = DEFAULT_TOOL_FORMAT  # a key of ovbuild.serve.tools.FORMATS
+    images: ServedImages | None = None  # the target's image side (processor, vision tower); None: text only
 
     def __post_init__(self):
         self.names = tuple(dict.fromkeys(model_name(n) for n in self.names))

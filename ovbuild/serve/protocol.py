@@ -179,19 +179,40 @@ def _refuse_unsupported(body: SamplingFields) -> None:
             raise RequestError(message, param)
 
 
-def chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """Messages as a template expects them: content a string (text parts of a list joined)."""
-    out = []
+def chat_messages(body: ChatCompletionRequest, images=None) -> list[dict]:
+    """Messages as a template expects them: content a string (text parts of a list joined). `images` (the served
+    model's `ServedImages`, None for a text-only target) takes messages with image_url parts: see
+    `chat_messages_with_images`; without it they are refused by name."""
+    return chat_messages_with_images(body, images)[0]
+
+
+def chat_messages_with_images(body: ChatCompletionRequest, images=None) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The template's messages and the images they show, as (url, where) in order of appearance."""
+    out, shown = [], []
     for i, message in enumerate(body.messages):
         m = message.model_dump(exclude_none=True)
-        if isinstance(m.get("content"), list):
-            parts = m["content"]
-            if any(p.get("type") != "text" for p in parts):
-                raise RequestError(f"messages[{i}]: only text content parts are supported", "messages")
-            m["content"] = "".join(p.get("text", "") for p in parts)
+        parts = m.get("content")
+        if isinstance(parts, list):
+            if not all(isinstance(p, dict) for p in parts):
+                raise RequestError(f"messages[{i}].content: every content part is an object", "messages")
+            kinds = {p.get("type") for p in parts}
+            if images is not None and "image_url" in kinds:
+                m["content"], found = images.message_content(parts, f"messages[{i}]")
+                shown += found
+            elif "image_url" in kinds:
+                raise RequestError(
+                    f"messages[{i}]: this model takes no images (its folder has no vision tower, "
+                    f"openvino_vision_model.xml)",
+                    "messages",
+                )
+            elif kinds - {"text"}:
+                other = ", ".join(repr(k) for k in kinds - {"text"})
+                raise RequestError(f"messages[{i}]: content parts are text or image_url, not {other}", "messages")
+            else:
+                m["content"] = "".join(p.get("text", "") for p in parts)
         m.setdefault("content", "")
         out.append(m)
-    return out
+    return out, shown
 
 
 # -- responses -----------------------------------------------------------------------------------------------------

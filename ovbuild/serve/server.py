@@ -20,14 +20,18 @@ def build_app(
     max_requests: int = 256,
     default_max_tokens: int = 256,
     spec_decode_stats: bool = False,
+    image_policy=None,
     **parsers,
 ):
     """Compile the models and return the ASGI app serving them (the engine thread starts with the app). `name`: the
     model name clients send, or several (aliases); default the target path. `spec_decode_stats`: every choice says
-    how its speculative decoding went (with a draft). parsers: reasoning_parser, tool_call_parser (ServedModel)."""
+    how its speculative decoding went (with a draft). `image_policy`: where chat images may come from
+    (`ovbuild.serve.images.ImagePolicy`; default: data URLs only), for a target exported with its vision tower.
+    parsers: reasoning_parser, tool_call_parser (ServedModel)."""
     try:
         from ovbuild.serve.app import ServedModel, create_app
         from ovbuild.serve.engine import Engine
+        from ovbuild.serve.images import ImagePolicy, ServedImages
     except ImportError as e:
         raise MissingDependencyError(f"ovbuild serve needs its extra: pip install 'ovbuild[serve]' ({e})") from e
     pipeline = Pipeline(target_dir, draft_dir, options)
@@ -35,6 +39,9 @@ def build_app(
     engine = Engine(pipeline.scheduler(), pipeline.decode, max_requests)
     stats = "summary" if spec_decode_stats and draft_dir is not None else "none"
     model = ServedModel.from_folder(name or str(target_dir), target_dir, pipeline, default_max_tokens, stats, **parsers)
+    policy = image_policy or ImagePolicy()
+    device = pipeline.options.device
+    model.images = ServedImages.for_folder(target_dir, pipeline.tokenizer, device, policy, model.chat_template)
     app = create_app(engine, model)
     app.state.runtime = pipeline.describe()  # how the device compiled the models, for the startup log
     return app

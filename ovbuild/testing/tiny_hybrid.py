@@ -126,15 +126,24 @@ def _layer_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
 
 
 def write_tiny_hybrid_target(
-    folder: str | Path, *, seed: int = 0, dtype: str = "f32", text_only: bool = False, **overrides
+    folder: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "f32",
+    text_only: bool = False,
+    vision: dict | None = None,
+    preprocessor: dict | None = None,
+    **overrides,
 ) -> Path:
     """A random hybrid target with a byte-level tokenizer; `overrides` replace keys of the language model's config
-    (`text_config`, or the flat config when `text_only`)."""
+    (`text_config`, or the flat config when `text_only`); `vision` and `preprocessor` replace keys of the tower's
+    `vision_config` and of preprocessor_config.json (a wider tower, published patch sizes: the benchmarks')."""
     text = {**TINY_HYBRID_TEXT, **overrides}
     if text_only:
         config, prefix = {**TINY_HYBRID_TEXT_ONLY, **overrides}, "model."
     else:
-        config, prefix = {**TINY_HYBRID, "text_config": text}, "model.language_model."
+        tower = {**TINY_QWEN_VISION, **(vision or {})}
+        config, prefix = {**TINY_HYBRID, "text_config": text, "vision_config": tower}, "model.language_model."
     rng = np.random.default_rng(seed)
     h, v = text["hidden_size"], text["vocab_size"]
     tensors = {f"{prefix}embed_tokens.weight": rng.standard_normal((v, h)).astype(np.float32)}
@@ -151,7 +160,9 @@ def write_tiny_hybrid_target(
     folder = write_checkpoint(folder, config, tensors, dtype)
     write_tokenizer(folder, () if text_only else QWEN_VISION_TOKENS)
     if not text_only:  # the image processor's settings, sized to the tiny tower (2 x 2 patches, 2 x 2 merge windows)
-        (folder / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR) + "\n")
+        (folder / "preprocessor_config.json").write_text(
+            json.dumps({**TINY_PREPROCESSOR, **(preprocessor or {})}) + "\n"
+        )
     (folder / "generation_config.json").write_text(
         json.dumps({"eos_token_id": text["eos_token_id"], "do_sample": False}) + "\n"
     )

@@ -3,6 +3,7 @@ language model takes at its placeholders, with a small cache of recent images ke
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +34,8 @@ class VisionEncoder:
       overview and slices, encoded together: its crops are one image).
 
     They are checked against the IR's record first (a RequestError naming the input). An image given with a content
-    hash is looked up in an LRU cache of `cache_size` images (0: none) before it is encoded.
+    hash is looked up in an LRU cache of `cache_size` images (0: none) before it is encoded. Several threads may
+    encode at once (a server's request handlers): the cache and the IR's one infer request are taken in turn.
     """
 
     def __init__(self, folder: str | Path, device: str = "CPU", cache_size: int = DEFAULT_CACHE_SIZE):
@@ -54,6 +56,7 @@ class VisionEncoder:
         self.record, self.device, self.cache_size = record, device, cache_size
         self.request = self.compiled.create_infer_request()
         self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.lock = threading.Lock()  # one IR call at a time: the infer request and the cache are shared
 
     @property
     def hidden_size(self) -> int:
@@ -83,16 +86,17 @@ class VisionEncoder:
 
     def encode_one(self, pixel_values: np.ndarray, grid: np.ndarray, content_hash: str | None = None) -> np.ndarray:
         """One image's embeddings, from the cache when `content_hash` is there (the IR is not called)."""
-        if content_hash is not None and content_hash in self.cache:
-            self.cache.move_to_end(content_hash)
-            return self.cache[content_hash]
         pixels, grid = self.checked(pixel_values, grid)
-        embeds = self.infer(pixels, grid)
-        embeds.setflags(write=False)
-        if content_hash is not None and self.cache_size > 0:
-            self.cache[content_hash] = embeds
-            while len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
+        with self.lock:
+            if content_hash is not None and content_hash in self.cache:
+                self.cache.move_to_end(content_hash)
+                return self.cache[content_hash]
+            embeds = self.infer(pixels, grid)
+            embeds.setflags(write=False)
+            if content_hash is not None and self.cache_size > 0:
+                self.cache[content_hash] = embeds
+                while len(self.cache) > self.cache_size:
+                    self.cache.popitem(last=False)
         return embeds
 
     def infer(self, pixels: np.ndarray, grid: np.ndarray) -> np.ndarray:
