@@ -79,8 +79,9 @@ class OutputConstraint:
     def allowed_proposal(self, proposal: Proposal, sampling: SamplingParams | None, position: int) -> Proposal:
         """The proposal as the draft makes it under the grammar: each row's token chosen among the tokens the grammar
         allows after the ones before it. A greedy proposal takes its rows' masked argmax where its token is refused
-        (the first allowed token when the drafter gave no logits); a sampled one is redrawn from q masked (with the
-        same keys: the masked draw, which q then becomes for verification). It ends where the grammar is complete.
+        (the first allowed token when a drafter gives no logits, as a test stand-in may); a sampled one is redrawn
+        from q masked (with the same keys: the masked draw, which q then becomes for verification). It ends where the
+        grammar is complete.
         `position`: the first token's output position (its random draws)."""
         start = self.opens_at(list(proposal))
         if self.matcher is None or start is None or not proposal:
