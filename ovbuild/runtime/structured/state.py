@@ -129,17 +129,25 @@ class OutputConstraint:
 
     # -- after verification --------------------------------------------------------------------------------------
 
-    def advance(self, tokens: list[int]) -> tuple[list[int], str | None]:
+    def advance(self, tokens: list[int], masks: list | None = None) -> tuple[list[int], str | None]:
         """Consume committed tokens: returns those kept and, when the constraint ends the request, why: COMPLETE
         when the grammar is complete (its last token kept), else DEAD_END when a token was refused (a row that
-        allowed none: the request stops before it, with what it has)."""
+        allowed none: the request stops before it, with what it has). `masks`, when given, gets the tokens the
+        grammar allowed at each kept token's position (bool [V], None where it was not in force): the rows the
+        logprobs are read from."""
         start = self.opens_at(tokens)
         if start is None or self.matcher is None:
             self._remember(tokens)
+            if masks is not None:
+                masks += [None] * len(tokens)
             return tokens, None
         if not self.open:
             self.open, self.recent = True, []
+        if masks is not None:
+            masks += [None] * start
         for i in range(start, len(tokens)):
+            if masks is not None:
+                masks.append(self.mask())
             if not self.accepts(tokens[i]):
                 return tokens[:i], COMPLETE if self.matcher.is_accepting() else DEAD_END
             self.matcher.consume_token(tokens[i])
