@@ -1,5 +1,5 @@
 """The prefix-affinity keys and table of the Ray Serve router, the per-replica /metrics merge, and the checks of
-`ovbuild serve --replicas` made before Ray starts (no Ray needed)."""
+`ovbuild serve --replicas` made before Ray starts (no Ray needed), and the parser flags reaching every replica."""
 
 from __future__ import annotations
 
@@ -81,3 +81,56 @@ def test_serve_replicas_options_are_refused_before_ray_starts(tmp_path, capsys, 
 def test_serve_replicas_names_a_missing_folder(tmp_path, capsys):
     assert main(["serve", "--target", str(tmp_path / "nope"), "--replicas", "2"]) == 2
     assert f"--target {tmp_path / 'nope'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "parsers"),
+    [
+        ([], {"reasoning_parser": None, "tool_call_parser": "hermes"}),
+        (["--reasoning-parser", "qwen3"], {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}),
+    ],
+)
+def test_serve_replicas_pass_the_parsers_to_every_replica(tmp_path, capsys, monkeypatch, flags, parsers):
+    """The parser flags reach the Ray application's builder (which binds them to each replica's app); Ray itself
+    is not started: `start` fails as a replica that cannot start would."""
+    pytest.importorskip("ray", reason="the Ray application needs the ray extra: pip install 'ovbuild[ray]'")
+    import ovbuild.serve.ray_app as ray_app
+
+    seen = {}
+
+    def build(*args, **kwargs):
+        seen.update(kwargs)
+        return "app"
+
+    def start(app, host, port, address):
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(ray_app, "build_ray_app", build)
+    monkeypatch.setattr(ray_app, "start", start)
+    assert main(["serve", "--target", str(tmp_path), "--replicas", "2", *flags]) == 2
+    assert "the replicas did not start: not started in this test" in capsys.readouterr().err
+    assert seen == parsers
+
+
+def test_each_replica_builds_its_app_with_the_parsers(monkeypatch):
+    """EngineReplica hands the parsers to build_app, as the single-process server does."""
+    pytest.importorskip("ray", reason="the Ray application needs the ray extra: pip install 'ovbuild[ray]'")
+    import types
+
+    import ovbuild.serve.ray_app as ray_app
+    import ovbuild.serve.server as server
+
+    seen = {}
+    engine = types.SimpleNamespace(start=lambda: None)
+
+    def build_app(*args, **kwargs):
+        seen.update(kwargs)
+        return types.SimpleNamespace(state=types.SimpleNamespace(engine=engine))
+
+    context = types.SimpleNamespace(replica_id=types.SimpleNamespace(unique_id="r0"))
+    monkeypatch.setattr(server, "build_app", build_app)
+    monkeypatch.setattr(ray_app.serve, "get_replica_context", lambda: context)
+    replica = ray_app.EngineReplica(
+        "t", None, None, "m", 4, 16, None, reasoning_parser="qwen3", tool_call_parser="hermes"
+    )
+    assert seen == {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"} and replica.id == "r0"

@@ -1,6 +1,7 @@
 """Logprobs through the scheduler on the tiny pair: each generated token's logprob and its alternatives are the
 log-softmax of the target's raw logits (the numpy reference's, computed here), the same bits with and without the
-draft; prompt logprobs come from the prompt's rows, also when the prompt's blocks are cached."""
+draft; prompt logprobs come from the prompt's rows, also when the prompt's blocks are cached; under a grammar, from
+the rows it masks."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.structured.grammar import Grammars
+from ovbuild.runtime.structured.spec import Constraint
+from ovbuild.testing import TINY_TARGET
+from ovbuild.testing.tokenizer import EOS_ID, write_tokenizer
 
 F32 = dict(kv_cache_precision="f32")
 PROMPT = [5, 17, 33, 2, 90, 41, 5, 5, 17, *range(60, 100), 3]  # longer than a cache block (16 or 32 tokens)
@@ -100,3 +105,36 @@ def test_prompt_logprobs_run_in_chunks_of_bounded_rows(models, target, monkeypat
 def test_bad_logprobs_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         GenerationConfig(**{field: value})
+
+
+@pytest.fixture(scope="module")
+def grammars(tmp_path_factory) -> Grammars:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    write_tokenizer(folder)
+    return Grammars(folder / "tokenizer.json", (EOS_ID,), TINY_TARGET["vocab_size"])
+
+
+@pytest.mark.parametrize("with_draft", [False, True], ids=["alone", "draft"])
+def test_constrained_logprobs_come_from_the_masked_rows(models, target, grammars, with_draft):
+    """Under a grammar, a token's logprob and its alternatives are the log-softmax over the tokens the grammar allows
+    there (vLLM's default: its grammar bitmask comes before its raw logprobs), still before the logit bias; forbidden
+    tokens are never listed. `[a-h]{6}` allows the 8 letters a..h at every position of the byte-level tokenizer."""
+    target_model, draft_model = models
+    drafter = BlockDrafter(draft_model, num_blocks=64, **F32) if with_draft else None
+    s = Scheduler(PagedModel(target_model, num_blocks=64, **F32), drafter, grammars=grammars)
+    config = GenerationConfig(
+        max_new_tokens=NEW, logprobs=12, constraint=Constraint("regex", "[a-h]{6}"), logit_bias=((ord("c"), 3.0),)
+    )
+    request = s.add_request(PROMPT, config)
+    s.run()
+    assert len(request.generated) == 6 and all(ord("a") <= t <= ord("h") for t in request.generated)
+    letters, ref = np.arange(ord("a"), ord("h") + 1), Qwen3Reference(*target)
+    logits, _ = ref.forward(ref.new_cache(), np.array(PROMPT + request.generated))
+    for i, entry in enumerate(request.logprobs):
+        row = logits[len(PROMPT) - 1 + i, letters].astype(np.float64)  # the raw row, at the allowed tokens only
+        lp = row - row.max() - np.log(np.exp(row - row.max()).sum())
+        np.testing.assert_allclose(entry.logprob, lp[letters == request.generated[i]][0], atol=1e-5)
+        assert len(entry.top) == 8, "only the allowed tokens are listed, fewer than the 12 asked"
+        order = np.lexsort((letters, -lp))
+        assert [t for t, _ in entry.top] == letters[order].tolist()
+        np.testing.assert_allclose([v for _, v in entry.top], lp[order], atol=1e-5)

@@ -61,14 +61,18 @@ def append_tokens(
     config = request.config
     before = len(request.generated)
     ended = None  # a constraint's reason to end the request (its grammar is complete, or allows no token)
+    masks = [] if config.logprobs is not None else None  # what the grammar allowed at each kept token
     if request.constraint is not None:
-        tokens, ended = request.constraint.advance(tokens)
-    for token, row in zip(tokens, logits, strict=False):
+        tokens, ended = request.constraint.advance(tokens, masks)
+    for i, (token, row) in enumerate(zip(tokens, logits, strict=False)):
         if token in config.eos_token_ids:
             request.finish_reason = FinishReason.STOP
             break
         request.generated.append(token)
         if config.logprobs is not None:
+            # under a grammar, from the row it masked (vLLM's default: the bitmask precedes its raw logprobs)
+            mask = masks[i] if i < len(masks) else None
+            row = row if mask is None else np.where(mask, row, -np.inf)
             request.logprobs.append(token_logprob(row, token, config.logprobs))
         if request.remaining <= 0:
             request.finish_reason = FinishReason.LENGTH

@@ -37,7 +37,7 @@ from ovbuild.serve.protocol import (
 )
 from ovbuild.serve.structured import chat_structure, one_constraint, requested_constraints, structured_fields
 from ovbuild.serve.tokenize import add_tokenizer_routes
-from ovbuild.serve.tools import check_tools
+from ovbuild.serve.tools import check_template_tools, check_tools
 from ovbuild.version import __version__
 
 __all__ = ["ServedModel", "create_app"]
@@ -101,6 +101,7 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
         if model.chat_template is None:
             raise RequestError(f"model '{model.name}' has no chat template: use /v1/completions", "messages")
         tools = check_tools(body.tools, body.tool_choice)
+        check_template_tools(tools, model.chat_template.renders_tools, model.name)
         kwargs = dict(body.chat_template_kwargs or {})
         if tools is not None and tools.choice != "none":
             kwargs["tools"] = tools.template_tools

@@ -33,6 +33,13 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as e:
             raise ConfigError(f"{origin}: the chat template does not parse (line {e.lineno}: {e.message})") from e
         self.special_tokens, self.origin, self.source = special_tokens, origin, source
+        # the names the template reads from its context: a template that never reads `tools` cannot show them
+        self.reads = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads `tools` (Qwen's and most tool models' do; a plain transcript does not)."""
+        return "tools" in self.reads
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ChatTemplate | None:
@@ -89,6 +96,7 @@ def _token_text(token) -> str | None:
 def _jinja():
     try:
         import jinja2
+        import jinja2.meta
         import jinja2.sandbox
     except ImportError as e:
         raise MissingDependencyError(

@@ -105,13 +105,15 @@ class EngineReplica:
         max_requests: int,
         default_max_tokens: int,
         threads: int | None,
+        **parsers,
     ):
+        """parsers: reasoning_parser, tool_call_parser, as the single-process server takes them (build_app)."""
         from ovbuild.ir import core
         from ovbuild.serve.server import build_app
 
         if threads:  # replicas sharing a machine: each keeps to its share of the cores
             core().set_property("CPU", {"INFERENCE_NUM_THREADS": threads})
-        self.app = build_app(target, draft, options, name, max_requests, default_max_tokens)
+        self.app = build_app(target, draft, options, name, max_requests, default_max_tokens, **parsers)
         self.engine = self.app.state.engine
         self.engine.start()
         self.id = serve.get_replica_context().replica_id.unique_id
@@ -309,8 +311,10 @@ def build_ray_app(
     max_requests: int,
     default_max_tokens: int,
     ray_options: RayOptions,
+    **parsers,
 ):
-    """The Ray Serve application: N engine replicas behind the ingress (deploy it with serve.run)."""
+    """The Ray Serve application: N engine replicas behind the ingress (deploy it with serve.run). parsers:
+    reasoning_parser, tool_call_parser, passed to every replica's app."""
     r = ray_options
     engines = serve.deployment(
         EngineReplica,
@@ -331,6 +335,7 @@ def build_ray_app(
         max_requests,
         default_max_tokens,
         r.threads,
+        **parsers,
     )
     ingress = serve.deployment(
         Ingress, name="Ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=max_requests * r.replicas
@@ -340,7 +345,8 @@ def build_ray_app(
 
 def app_builder(args: dict):
     """`serve run ovbuild.serve.ray_app:app_builder target=DIR [draft=DIR] [replicas=N] [replica_cpus=C]
-    [threads=T] [name=NAME] [max_requests=M]`: the application with the runtime's default options."""
+    [threads=T] [name=NAME] [max_requests=M] [reasoning_parser=P] [tool_call_parser=P]`: the application with the
+    runtime's default options."""
     ray_options = RayOptions(
         replicas=int(args.get("replicas", 2)),
         replica_cpus=float(args.get("replica_cpus", 1)),
@@ -354,6 +360,8 @@ def app_builder(args: dict):
         int(args.get("max_requests", 256)),
         int(args.get("default_max_tokens", 256)),
         ray_options,
+        reasoning_parser=args.get("reasoning_parser"),
+        tool_call_parser=args.get("tool_call_parser", "hermes"),
     )
 
 

@@ -48,6 +48,8 @@ def serve_on_ray(args: argparse.Namespace, options: RuntimeOptions) -> int:
         args.max_requests,
         args.default_max_tokens,
         ray_options,
+        reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
     )
     try:
         start(app, args.host, args.port, args.ray_address)

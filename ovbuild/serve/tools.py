@@ -59,6 +59,17 @@ class Tools:
         return bool(self.functions) and self.choice != "none"
 
 
+def check_template_tools(tools: Tools | None, renders_tools: bool, model: str) -> None:
+    """Refuse tool_choice "auto" under a chat template that never reads `tools`: the model would not see them, and
+    nothing would make it call one. A forced call is served (the constraint writes it whatever the prompt shows)."""
+    if tools is not None and tools.choice == "auto" and not renders_tools:
+        raise RequestError(
+            f"the chat template of model '{model}' does not render tools (it never reads `tools`), so the model "
+            "would not see them: force a call with tool_choice 'required' or a named function, or send no tools",
+            "tools",
+        )
+
+
 def check_tools(tools: list | None, tool_choice) -> Tools | None:
     """The request's tools and tool_choice, checked (RequestError naming the field); None without tools."""
     if tool_choice is not None and not tools:

@@ -44,11 +44,12 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
-    """The logprob of `token` under the row `logits` [V], with the `top` most likely tokens (ties by token id)."""
+    """The logprob of `token` under the row `logits` [V], with the `top` most likely tokens (ties by token id); a row
+    masked with -inf (a grammar's) lists only the tokens it allows, so fewer than `top` where it allows fewer."""
     lp = log_softmax(logits)
     best: tuple[tuple[int, float], ...] = ()
     if top:
         head = np.argpartition(-lp, top - 1)[:top] if top < lp.size else np.arange(lp.size)
         head = head[np.lexsort((head, -lp[head]))]  # most likely first, ties by token id
-        best = tuple((int(t), float(lp[t])) for t in head)
+        best = tuple((int(t), float(lp[t])) for t in head if np.isfinite(lp[t]))
     return TokenLogprob(int(token), float(lp[token]), best)

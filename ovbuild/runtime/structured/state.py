@@ -79,8 +79,9 @@ class OutputConstraint:
     def allowed_proposal(self, proposal: Proposal, sampling: SamplingParams | None, position: int) -> Proposal:
         """The proposal as the draft makes it under the grammar: each row's token chosen among the tokens the grammar
         allows after the ones before it. A greedy proposal takes its rows' masked argmax where its token is refused
-        (the first allowed token when the drafter gave no logits); a sampled one is redrawn from q masked (with the
-        same keys: the masked draw, which q then becomes for verification). It ends where the grammar is complete.
+        (the first allowed token when a drafter gives no logits, as a test stand-in may); a sampled one is redrawn
+        from q masked (with the same keys: the masked draw, which q then becomes for verification). It ends where the
+        grammar is complete.
         `position`: the first token's output position (its random draws)."""
         start = self.opens_at(list(proposal))
         if self.matcher is None or start is None or not proposal:
@@ -128,17 +129,25 @@ class OutputConstraint:
 
     # -- after verification --------------------------------------------------------------------------------------
 
-    def advance(self, tokens: list[int]) -> tuple[list[int], str | None]:
+    def advance(self, tokens: list[int], masks: list | None = None) -> tuple[list[int], str | None]:
         """Consume committed tokens: returns those kept and, when the constraint ends the request, why: COMPLETE
         when the grammar is complete (its last token kept), else DEAD_END when a token was refused (a row that
-        allowed none: the request stops before it, with what it has)."""
+        allowed none: the request stops before it, with what it has). `masks`, when given, gets the tokens the
+        grammar allowed at each kept token's position (bool [V], None where it was not in force): the rows the
+        logprobs are read from."""
         start = self.opens_at(tokens)
         if start is None or self.matcher is None:
             self._remember(tokens)
+            if masks is not None:
+                masks += [None] * len(tokens)
             return tokens, None
         if not self.open:
             self.open, self.recent = True, []
+        if masks is not None:
+            masks += [None] * start
         for i in range(start, len(tokens)):
+            if masks is not None:
+                masks.append(self.mask())
             if not self.accepts(tokens[i]):
                 return tokens[:i], COMPLETE if self.matcher.is_accepting() else DEAD_END
             self.matcher.consume_token(tokens[i])

@@ -4,7 +4,8 @@ Proposals come from the head's exact greedy chain (default) or from a greedy wal
 DFlash draft (no head) proposes each row's argmax. Under sampling, chain and lattice proposals stay deterministic
 (verified as point masses), while a DeepSpec DFlash draft samples each row from its processed distribution. With a
 confidence head and a threshold > 0, a proposal stops before the first row whose confidence is below the threshold
-(nothing is proposed when row 0 is).
+(nothing is proposed when row 0 is). A greedy proposal carries its rows' backbone logits, so that where a constraint
+refuses a token the draft's best allowed token by them takes its place (ovbuild.runtime.structured.state).
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ class DSparkDrafter(MarkovDrafter):
             keep = confident_rows(confidence[b:e], self.confidence_threshold) if confidence is not None else e - b
             if self.head is None and item.sampling is not None and item.num_tokens > 0:
                 proposals.append(sampled_proposal(item, outputs[LOGITS][b:e]).head(keep))
-            else:
-                proposals.append(Proposal(tokens[b:e][: min(keep, item.num_tokens)].tolist()))
+            else:  # the backbone's rows ride along (a view) for a constraint to mask
+                n = min(keep, item.num_tokens)
+                proposals.append(Proposal(tokens[b:e][:n].tolist(), logits=outputs[LOGITS][b:e][:n]))
         return proposals
 
 

@@ -1,7 +1,8 @@
 """LatticeDrafter: a DFlash v2 backbone plus its selector, a Markov head IR scoring a packed Top-K lattice.
 
 Per step: one backbone call, one head call on the candidate rows of every sequence, then the greedy walk over the
-lattice from each sequence's anchor.
+lattice from each sequence's anchor. A proposal carries its rows' backbone logits: where a constraint refuses a walked
+token, the draft's best allowed token by those logits takes its place (ovbuild.runtime.structured.state).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import openvino as ov
 
 from ovbuild.errors import ConfigError
 from ovbuild.ir import MARKOV_HEAD_STEM
-from ovbuild.ir.ports import CANDIDATE_IDS, EDGE_SCORES
+from ovbuild.ir.ports import CANDIDATE_IDS, EDGE_SCORES, LOGITS
 from ovbuild.runtime.speculation.drafters.base import DraftItem, Proposal
 from ovbuild.runtime.speculation.drafters.markov import MarkovDrafter
 from ovbuild.runtime.speculation.lattice import greedy_walk
@@ -32,4 +33,8 @@ class LatticeDrafter(MarkovDrafter):
             return [Proposal() for _ in items]
         lattice = self.run_head(items, outputs, candidate_begins)
         paths = greedy_walk(lattice[CANDIDATE_IDS], lattice[EDGE_SCORES], candidate_begins)
-        return [Proposal(path[: item.num_tokens].tolist()) for path, item in zip(paths, items, strict=True)]
+        logits = outputs[LOGITS]  # [R, V]: the rows the lattice's candidates came from (a view, as in BlockDrafter)
+        return [
+            Proposal(path[: item.num_tokens].tolist(), logits=logits[b : b + item.num_tokens])
+            for path, item, b in zip(paths, items, candidate_begins[:-1], strict=True)
+        ]
