@@ -15,6 +15,17 @@ host arrays (numpy's buffers: pixels, embeddings) and /proc/self/statm sampled e
 size (OpenVINO's activations are not numpy's); then the same 8 images in ONE tower call, for contrast.
 
     python bench/bench_vision.py [--width 384] [--depth 4] [--rounds 5]
+
+With --preemption it measures instead what a preempted request that shows an image keeps against what recomputing
+its rows costs. Its rows come back either kept on the request (the tower's output, `rows x hidden` f32) or made again
+by the tower, which needs the image kept instead (its pixel values as the tower takes them, or at least the resized
+uint8 image) plus a tower call; the language model's prefill of the placeholder rows is the same either way, so it is
+left out. The tower is full size by default (transformers' Qwen3_5VisionConfig defaults: 27 blocks of width 1152,
+16 heads, MLP 4304, patch 16, 2 x 2 merge) with rows --hidden wide (Qwen3_5TextConfig's default 4096). Per image
+side: the bytes each option keeps, the median seconds of a tower call (the encoder's cache bypassed) and the extra
+RSS of a warm call (the compiled tower keeps its buffers from its first call).
+
+    python bench/bench_vision.py --preemption [--width 1152] [--depth 27] [--hidden 4096] [--sides 448 896]
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import argparse
 import base64
 import io
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -34,7 +46,9 @@ from openai import OpenAI
 from PIL import Image
 
 from ovbuild.export import export
+from ovbuild.llm import PROCESSORS
 from ovbuild.runtime.pipeline import RuntimeOptions
+from ovbuild.runtime.vision.encoder import VisionEncoder
 from ovbuild.serve.server import BackgroundServer, build_app
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_target
 
@@ -112,14 +126,67 @@ def peak_memory(step) -> tuple[int, int, object]:
     return traced, max(peak) - base, result
 
 
+def preemption(args: argparse.Namespace) -> None:
+    """Per image side: the bytes kept by holding the rows, the pixel values or the uint8 image, and a tower call."""
+    tower = dict(
+        depth=args.depth or 27,
+        hidden_size=args.width or 1152,
+        num_heads=args.heads,
+        intermediate_size=args.mlp,
+        patch_size=16,
+        num_position_embeddings=2304,
+        out_hidden_size=args.hidden,
+    )
+    print(
+        f"preemption: tower {tower['depth']} blocks of width {tower['hidden_size']}, {args.heads} heads, MLP "
+        f"{args.mlp}; rows {args.hidden} wide; tower calls: median of {args.rounds}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        ckpt = write_tiny_hybrid_target(root / "c", vision=tower, preprocessor=PUBLISHED_PROCESSOR)
+        export(ckpt, root / "t", weight_format="keep", quiet=True)
+        encoder = VisionEncoder(root / "t")
+        processor = PROCESSORS[encoder.record.family].from_folder(root / "t")
+        print(
+            "| image | rows | keep rows | keep pixel values | keep uint8 image | tower call | warm call's extra RSS |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for side in args.sides:
+            pixels = np.random.default_rng(args.seed + side).integers(0, 256, (side, side, 3), dtype=np.uint8)
+            processed = processor.process(Image.fromarray(pixels))
+            inputs = encoder.checked(processed.pixel_values, processed.grid)
+            encoder.infer(*inputs)  # the first call allocates the tower's buffers
+            seconds = []
+            for _ in range(args.rounds):
+                start = time.perf_counter()
+                embeds = encoder.infer(*inputs)
+                seconds.append(time.perf_counter() - start)
+            _, rss, _ = peak_memory(lambda: encoder.infer(*inputs))  # noqa: B023 (called at once)
+            uint8 = int(np.prod(processed.grid[0])) * encoder.record.patch_size**2 * 3  # P x P RGB pixels a patch
+            mib = lambda n: f"{n / 2**20:.2f} MiB"  # noqa: E731
+            print(
+                f"| {side} x {side} | {embeds.shape[0]} | {mib(embeds.nbytes)} | {mib(processed.pixel_values.nbytes)} "
+                f"| {mib(uint8)} | {statistics.median(seconds):.2f} s | {mib(rss)} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=384, help="the vision tower's width (default %(default)s)")
-    parser.add_argument("--depth", type=int, default=4, help="the vision tower's blocks (default %(default)s)")
+    parser.add_argument("--width", type=int, help="the vision tower's width (default 384; 1152 with --preemption)")
+    parser.add_argument("--depth", type=int, help="the vision tower's blocks (default 4; 27 with --preemption)")
     parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--preemption", action="store_true", help="kept rows against a tower call (see above)")
+    parser.add_argument("--heads", type=int, default=16, help="--preemption: the tower's heads (default 16)")
+    parser.add_argument("--mlp", type=int, default=4304, help="--preemption: the tower's MLP width (default 4304)")
+    parser.add_argument("--hidden", type=int, default=4096, help="--preemption: the rows' width (default 4096)")
+    parser.add_argument("--sides", type=int, nargs="+", default=[448, 896], help="--preemption: square image sides")
     harness.add_arguments(parser, rounds=5)
     args = parser.parse_args()
     harness.start(__doc__.splitlines()[0])
+    if args.preemption:
+        preemption(args)
+        return
+    args.width, args.depth = args.width or 384, args.depth or 4
     heads = max(1, args.width // 64)
     tower = dict(
         depth=args.depth,

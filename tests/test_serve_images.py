@@ -298,9 +298,56 @@ def test_a_100_megapixel_jpeg_is_decoded_reduced_and_answered(web):
 def test_a_text_only_target_refuses_images(tiny_pair):
     with BackgroundServer(build_app(tiny_pair[0], name="text")) as s:
         body = {"model": "text", "messages": [user("?", data_url(encoded("PNG")))], "max_tokens": 2}
-        answer = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60)
-    assert answer.status_code == 400
-    assert "takes no images" in answer.json()["error"]["message"]
+        answers = [
+            httpx.post(f"{s.url}{path}", json=body, timeout=60) for path in ("/v1/chat/completions", "/tokenize")
+        ]
+    for answer in answers:
+        assert answer.status_code == 400
+        assert "takes no images" in answer.json()["error"]["message"]
+
+
+# -- /tokenize with images, and the image token in a completion prompt ----------------------------------------------
+
+
+def test_tokenize_writes_out_each_image_s_placeholder_run(folders, server, web, client, alone):
+    """Chat-form /tokenize with image parts: the tokens the chat endpoint prefills (the placeholders expanded, as
+    vLLM answers), counted without running the tower."""
+    _, _, media = folders
+    picture(media / "counted.png", 18, 26, 41)
+    messages = [user("Compare", "counted.png"), {"role": "assistant", "content": "ok"}, user("with", "tall.png")]
+    calls = tower_calls(server)
+    answer = web.post("/tokenize", json={"model": MODEL, "messages": messages, "return_token_strs": True})
+    assert answer.status_code == 200, answer.text
+    assert calls == []  # the processor alone counts the placeholders
+    got = answer.json()
+    llm, template = alone
+    text = template.render(
+        [
+            {**m, "content": [{"type": "image"} if p["type"] == "image_url" else p for p in m["content"]]}
+            if isinstance(m["content"], list)
+            else m
+            for m in messages
+        ]
+    )
+    prompter = llm.image_prompter()
+    ids, shown = prompter.prompt(text, [str(media / "counted.png"), str(media / "tall.png")])
+    assert got["tokens"] == ids and got["count"] == len(ids) == len(got["token_strs"])
+    assert sum(i.end - i.start for i in shown.images) == got["tokens"].count(prompter.image_id) > 2
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert chat.usage.prompt_tokens == got["count"]
+    bad = web.post("/tokenize", json={"model": MODEL, "messages": [user("?", data_url(encoded("PNG")[:200]))]})
+    assert bad.status_code == 400 and "truncated" in bad.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("prompt", ["Look: <|image_pad|> here", [5, 6, 258, 7]], ids=["text", "ids"])
+def test_a_completion_prompt_with_the_image_token_is_a_400(web, prompt):
+    answer = web.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "prompt" and "image placeholder token <|image_pad|> (id 258)" in error["message"]
+    assert "/v1/completions takes no images" in error["message"]
+    fine = web.post("/v1/completions", json={"model": MODEL, "prompt": "Look: here", "max_tokens": 2})
+    assert fine.status_code == 200, fine.text
 
 
 def test_remote_images_are_fetched_only_with_the_flag(tmp_path):
@@ -371,7 +418,11 @@ def test_minicpmv_image_chat_equals_the_target_alone(tmp_path):
                     conversations,
                 )
             )
+        counted = httpx.post(f"{s.url}/tokenize", json={"model": "cpm", "messages": conversations[0]}, timeout=60)
     for message, conversation, path in zip(got, conversations, (wide, square), strict=True):
         text = template.render([{"role": "user", "content": "<|image_pad|>" + conversation[0]["content"][1]["text"]}])
         want = llm.generate(text, images=[str(path)], max_new_tokens=MAX_TOKENS, ignore_eos=True)
         assert message.content == want
+        if path == wide:  # /tokenize: the overview and the slices' rows between their markers, as the chat prefills
+            assert counted.status_code == 200, counted.text
+            assert counted.json()["tokens"] == llm.image_prompter().prompt(text, [str(path)])[0]

@@ -90,6 +90,8 @@ def create_app(engine: Engine, model: ServedModel) -> FastAPI:
         name = model.resolve(body.model)
         prompts, _ = prompt_list(body.prompt)
         ids = [model.encode(p) if isinstance(p, str) else p for p in prompts]
+        if model.images is not None:
+            model.images.refuse_placeholders(ids)
         echo = [p if isinstance(p, str) else model.decode(p) for p in prompts] if body.echo else None
         fmt = CompletionFormat(name, model.token_text)
         structured = await structured_fields(model, body, one_constraint(requested_constraints(body)))

@@ -156,14 +156,7 @@ class ServedImages:
         encoder's cache), then its pixel values are dropped, so the step never holds more than one image's pixels and
         activations. The counts are checked before any image is read, the context as the images add up.
         Runs in a worker thread."""
-        written = text.count(self.image_token)
-        if written != len(images):
-            raise RequestError(
-                f"the rendered messages hold {written} image placeholder(s) ({self.image_token}) for {len(images)} "
-                f"image(s) (the chat template leaves out images it does not render, e.g. in a system message; the "
-                f"text must not hold the image token itself)",
-                "messages",
-            )
+        self.check_placeholders(text, images)
         context = limits.context_length
         with self.gate:
             processed, embeds, shown = [], [], 0
@@ -186,6 +179,37 @@ class ServedImages:
                     "messages",
                 )
             return ids, self.prompter.place(ids, processed, embeds)
+
+    def check_placeholders(self, text: str, images: list[tuple[str, str]]) -> None:
+        """One image token in the rendered `text` per image, else a RequestError saying why they differ."""
+        written = text.count(self.image_token)
+        if written != len(images):
+            raise RequestError(
+                f"the rendered messages hold {written} image placeholder(s) ({self.image_token}) for {len(images)} "
+                f"image(s) (the chat template leaves out images it does not render, e.g. in a system message; the "
+                f"text must not hold the image token itself)",
+                "messages",
+            )
+
+    def refuse_placeholders(self, prompts: list[list[int]]) -> None:
+        """A RequestError when a prompt without images holds the image token: its rows would have no embeddings."""
+        for p, ids in enumerate(prompts):
+            if self.prompter.image_id in ids:
+                where = "the prompt" if len(prompts) == 1 else f"prompt[{p}]"
+                raise RequestError(
+                    f"{where} holds the image placeholder token {self.image_token} (id {self.prompter.image_id}) at "
+                    f"index {ids.index(self.prompter.image_id)}, but no image for it: /v1/completions takes no images "
+                    f"(send them as image_url parts to /v1/chat/completions)",
+                    "prompt",
+                )
+
+    def expanded_text(self, text: str, images: list[tuple[str, str]]) -> str:
+        """The rendered `text` with each image token written out as its image's placeholder run (what /tokenize
+        counts): every image read, decoded and processed for its token count, none encoded. Runs in a worker thread."""
+        self.check_placeholders(text, images)
+        with self.gate:
+            processed = [dataclasses.replace(self.processed(u, w), pixel_values=NO_PIXELS) for u, w in images]
+        return self.prompter.processor.expand_prompt(text, processed)
 
     def processed(self, url: str, where: str):
         """One image read, decoded and processed; its ImageError becomes a RequestError naming the part."""

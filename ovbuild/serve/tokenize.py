@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from pydantic import Field
+from starlette.concurrency import run_in_threadpool
 
 from ovbuild.errors import RequestError
 from ovbuild.serve.model import ServedModel
-from ovbuild.serve.protocol import ChatMessage, _Body, chat_messages
+from ovbuild.serve.protocol import ChatMessage, _Body, chat_messages_with_images
 
 
 class TokenizeCompletionRequest(_Body):
@@ -45,7 +46,10 @@ def add_tokenizer_routes(app: FastAPI, model: ServedModel) -> None:
                 raise RequestError(
                     "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
                 )
-            text = _render(model, body)
+            messages, shown = chat_messages_with_images(body, model.images)
+            text = _render(model, body, messages)
+            if shown:  # each image's placeholder run written out, as the chat endpoint's prompt holds it
+                text = await run_in_threadpool(model.images.expanded_text, text, shown)
         else:
             text = body.prompt
         ids = model.tokenize(text, body.add_special_tokens)
@@ -66,16 +70,17 @@ def add_tokenizer_routes(app: FastAPI, model: ServedModel) -> None:
         return model.tokenizer_info()
 
 
-def _render(model: ServedModel, body: TokenizeChatRequest) -> str:
-    """The prompt text of chat messages, as /v1/chat/completions renders them; with continue_final_message the
-    last (assistant) message is left open, its text the end of the prompt."""
+def _render(model: ServedModel, body: TokenizeChatRequest, messages: list[dict]) -> str:
+    """The prompt text of the template's `messages`, as /v1/chat/completions renders them; with
+    continue_final_message the last (assistant) message is left open, its text the end of the prompt."""
     if model.chat_template is None:
         raise RequestError(f"model '{model.name}' has no chat template", "messages")
-    messages = chat_messages(body)
     kwargs = body.chat_template_kwargs or {}
     if not body.continue_final_message:
         return model.chat_template.render(messages, body.add_generation_prompt, **kwargs)
     last = messages[-1]["content"]
+    if not isinstance(last, str):  # a content list the template renders itself: its text parts
+        last = "".join(p.get("text", "") for p in last if p.get("type") == "text")
     text = model.chat_template.render(messages, False, **kwargs)
     cut = text.rfind(last) if last else -1
     return text[: cut + len(last)] if cut >= 0 else text

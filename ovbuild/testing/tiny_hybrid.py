@@ -1,4 +1,4 @@
-"""Tiny hybrid Qwen3.5-family checkpoints laid out like the published ones, and a DFlash v1 draft that fits them.
+"""Tiny hybrid Qwen3.5-family checkpoints laid out like the published ones, and DFlash v1 and v2 drafts that fit them.
 
 The multimodal layout (Qwen3_5ForConditionalGeneration): the language model's keys nested under `text_config`, its
 tensors under `model.language_model.`, the vision tower under `vision_config` and `model.visual.*`
@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ovbuild.testing.tiny import random_tensor, write_checkpoint, write_tiny_dflash
+from ovbuild.testing.tiny_dflash2 import TINY_DFLASH2, write_tiny_dflash2
 from ovbuild.testing.tiny_vision import TINY_QWEN_VISION, qwen_vision_tensors
 from ovbuild.testing.tokenizer import EOS_ID, MASK_ID, QWEN_VISION_TOKENS, write_tokenizer
 
@@ -175,3 +176,11 @@ def write_tiny_hybrid_dflash(folder: str | Path, *, seed: int = 1, dtype: str = 
     dflash = {"mask_token_id": MASK_ID, "target_layer_ids": [0, 2, 3], "block_size": 8}
     keys = dict(num_target_layers=4, dflash_config=dflash, **overrides)
     return write_tiny_dflash(folder, seed=seed, dtype=dtype, target_hidden_size=64, **keys)
+
+
+def write_tiny_hybrid_dflash2(folder: str | Path, *, seed: int = 2, dtype: str = "f32", **overrides) -> Path:
+    """A DFlash v2 draft for the tiny hybrid target: the taps of `write_tiny_hybrid_dflash` (a linear layer, the full
+    layer, the last layer), target hidden size 64, the target's embedding and lm_head."""
+    nested = {**TINY_DFLASH2["dflash_config"], "target_layer_ids": [0, 2, 3]}
+    keys = dict(num_target_layers=4, dflash_config=nested, **overrides)
+    return write_tiny_dflash2(folder, seed=seed, dtype=dtype, target_hidden_size=64, **keys)
