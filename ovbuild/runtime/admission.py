@@ -3,7 +3,6 @@ ovbuild.runtime.cache.prefix), and whether it waits for a running request that i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
@@ -19,27 +18,18 @@ from ovbuild.runtime.step_plan import StepPlan
 from ovbuild.runtime.validation import check_prompt
 
 
-def prefix_hits(request: Request, target: CacheManager, draft: CacheManager | None, stateful: bool) -> tuple[int, int]:
+def prefix_hits(request: Request, target: CacheManager, draft: CacheManager | None) -> tuple[int, int]:
     """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
-    (its row must run: its logits give the first token). The draft's hit is at most the target's; when it is shorter,
-    the taps in between are a gap the target computes again before the request drafts (ovbuild.runtime.catch_up).
-    A target with states (`stateful`) cannot run a catch-up: both start at one length, the longest every cache (and a
-    snapshot) holds. draft None: the target alone."""
+    (its row must run: its logits give the first token); on a hybrid target, up to the last state snapshot within
+    them. The target starts on its own hit whatever the draft's cache holds; the draft's hit is at most the target's,
+    and when it is shorter (a draft that sat idle never wrote those context rows) the taps in between are a gap the
+    target computes again only if the request drafts (ovbuild.runtime.catch_up). draft None: the target alone."""
     limit = request.context_len - 1
     hit = target.cached_prefix(request.block_hashes(target.block_size, limit))
     if draft is None:
         return hit, 0
-    hashes = request.block_hashes(draft.block_size, limit)
-    if not stateful:
-        draft_hit = min(draft.cached_prefix(hashes), hit)
-        return hit, draft_hit - draft_hit % draft.block_size
-    caches = [target, draft]
-    step = math.lcm(target.block_size, draft.block_size)
-    common = min(hit, draft.cached_prefix(hashes))
-    common -= common % step
-    while common and not all(c.cached_prefix(request.block_hashes(c.block_size, common)) == common for c in caches):
-        common -= step
-    return common, common
+    draft_hit = min(draft.cached_prefix(request.block_hashes(draft.block_size, limit)), hit)
+    return hit, draft_hit - draft_hit % draft.block_size
 
 
 def prefilling_its_first_block(request: Request, prefilling: Iterable[Request], block_size: int) -> bool:
@@ -194,7 +184,7 @@ class Admission:
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return 0, 0  # prompt logprobs come from the prompt's rows: they all run
         draft = self.drafter.cache_manager if self.drafter is not None else None
-        return prefix_hits(request, self.target.cache_manager, draft, self.target.states is not None)
+        return prefix_hits(request, self.target.cache_manager, draft)
 
     def _start(self, request: Request, hit: int, draft_hit: int) -> bool:
         """Give the request its cached prefix and blocks for its whole context in every cache; False (holding
