@@ -1,0 +1,153 @@
+"""Prefix caching on the tiny hybrid pair whatever the draft-length planner does: a request starts on the target's
+cached prefix even when the draft's cache lacks it (a draft that drafted for nobody never wrote those context rows),
+outputs equal the target alone's, and a request that drafts after such a hit first catches up on the taps it missed,
+from the zero state or from a kept state snapshot, so that its draft sees its whole context in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_hybrid_speculative import VOCAB, hybrid  # noqa: F401 (the module fixture)
+from test_untapped import Recording, Scripted
+
+from ovbuild.reference.hybrid import HybridReference
+from ovbuild.reference.layers import nmse
+from ovbuild.runtime import catch_up, draft_step
+from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.request import GenerationConfig, Request
+from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.testing.planner import fixed_cost, fixed_speculation
+
+F32 = dict(kv_cache_precision="f32")
+IDLE = GenerationConfig(max_new_tokens=10)  # the planner's choice: with a dear draft, no draft in any step
+PINNED = GenerationConfig(max_new_tokens=10, num_assistant_tokens=3)  # drafts every step
+LONG = GenerationConfig(max_new_tokens=60)  # room for the planner to come back from its backoff and draft
+
+
+def target(hybrid) -> PagedModel:  # noqa: F811
+    model = PagedModel(hybrid[1], num_blocks=64, state_slots=4, **F32)
+    model.cache_manager.keep_snapshots(model.cache.block_size, 16)  # a snapshot every block
+    return model
+
+
+def scheduler(hybrid, drafter=None, speculation=None, caching: bool = True) -> Scheduler:  # noqa: F811
+    return Scheduler(target(hybrid), drafter, 64, speculation=speculation, enable_prefix_caching=caching)
+
+
+def idle_scheduler(hybrid, caching: bool = True) -> Scheduler:  # noqa: F811
+    """The DFlash draft with a planner that finds drafting dear: a draft call costs a second."""
+    drafter = BlockDrafter(hybrid[2], num_blocks=64, **F32)
+    return scheduler(hybrid, drafter, fixed_speculation(drafter, draft=(1.0, 1e-3)), caching)
+
+
+def turns(scheduler: Scheduler, configs: list[GenerationConfig], seed: int = 0, between=None) -> list[Request]:
+    """A chat: each turn resends the history (the last prompt, its answer and a new user message of 10 tokens);
+    between(request): called once the request is added."""
+    rng = np.random.default_rng(seed)
+    history, requests = rng.integers(0, VOCAB, 70).tolist(), []
+    for config in configs:
+        requests.append(scheduler.add_request(history, config))
+        if between is not None:
+            between(requests[-1])
+        while scheduler.has_unfinished():
+            scheduler.step()
+        history = [*history, *requests[-1].generated, *rng.integers(0, VOCAB, 10).tolist()]
+    return requests
+
+
+def test_turns_hit_the_target_cache_while_the_planner_drafts_for_nobody(hybrid):  # noqa: F811
+    alone = turns(scheduler(hybrid), [IDLE] * 3)
+    cold = idle_scheduler(hybrid, caching=False)
+    recomputed = turns(cold, [IDLE] * 3)
+    served = idle_scheduler(hybrid)
+    requests = turns(served, [IDLE] * 3)
+    assert [r.generated for r in requests] == [r.generated for r in alone] == [r.generated for r in recomputed]
+    assert served.metrics.requests.num_draft_tokens == 0, "the dear draft drafted"
+    hits = [r.num_cached_tokens for r in requests]
+    assert all(hits[1:]), f"turns after the first found {hits[1:]} tokens cached"
+    assert hits == [r.num_cached_tokens for r in alone], "the draft's empty cache cut the target's hits"
+    assert served.metrics.prefix_cache_hits == sum(hits)
+    computed = served.metrics.prefix_cache_queries - served.metrics.prefix_cache_hits
+    assert computed == cold.metrics.prefix_cache_queries - sum(hits)
+
+
+def test_turns_hit_both_caches_while_the_draft_drafts(hybrid):  # noqa: F811
+    alone = turns(scheduler(hybrid), [IDLE] * 3)
+    served = idle_scheduler(hybrid)
+    requests = turns(served, [PINNED] * 3)
+    assert [r.generated for r in requests] == [r.generated for r in alone]
+    assert served.metrics.requests.num_draft_tokens > 0
+    assert [r.num_cached_tokens for r in requests] == [r.num_cached_tokens for r in alone]
+    # the draft's cache held every prefix the target's did: no tap of a cached prefix was computed again
+    assert served.metrics.catch_up_rows == 0
+
+
+class Resuming(Recording):
+    """Also keeps the row each sequence's draft context started at (its draft cache's prefix hit)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.begins: dict[int, int] = {}
+
+    def resume(self, seq_id: int, length: int) -> None:
+        super().resume(seq_id, length)
+        self.begins[seq_id] = length
+
+
+@pytest.mark.parametrize("drafted_first", [False, True], ids=["from-zero-state", "from-snapshot"])
+def test_a_request_on_a_target_only_hit_catches_up_before_it_drafts(hybrid, drafted_first, monkeypatch):  # noqa: F811
+    """Turns that did not draft leave the draft's cache behind the target's. The last turn starts on the target's
+    hit, runs some steps without drafting, then the planner drafts for it: the target first computes the taps the
+    draft lacks, starting from the zero state (no turn drafted) or from the snapshot where the draft's own hit ends
+    (the first turn drafted), and the draft then sees every row from its hit on, in order."""
+    cfg, weights = hybrid[0]
+    configs = [PINNED if drafted_first else IDLE, IDLE, LONG]
+    alone = turns(scheduler(hybrid), configs)
+    truths = [[*r.prompt.tolist(), *r.generated] for r in alone]
+    drafter = Resuming(BlockDrafter(hybrid[2], num_blocks=64, **F32), VOCAB, seed=4)
+    costs = fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5)  # drafting pays once the draft is right
+    speculation = Scripted(drafter.max_candidates, drafter.candidate_offset, *costs, host_s=1e-4, learn_host=False)
+    served = scheduler(hybrid, drafter, speculation)
+    starts = []  # (request, row its catch-up starts at)
+    monkeypatch.setattr(draft_step, "catch_up", spy(starts, served.target))
+    quiet_steps = []
+
+    def steer(request: Request) -> None:
+        drafter.truths[request.id] = truths[len(drafter.truths)]
+        speculation.quiet = True
+        if len(drafter.truths) == 3:  # the last turn: a few steps without drafts, then the planner's own choice
+            for _ in range(4):
+                served.step()
+            quiet_steps.append(len(request.generated))
+            speculation.quiet = False
+
+    requests = turns(served, configs, between=steer)
+
+    assert [r.generated for r in requests] == [r.generated for r in alone]
+    last = requests[-1]
+    assert last.num_cached_tokens == alone[-1].num_cached_tokens > 0
+    assert quiet_steps[0] > 0 and served.metrics.requests.num_accepted_tokens > 0
+    begin = drafter.begins[last.id]
+    assert [s for r, s in starts if r is last] == [begin], f"catch-ups started at {starts}, the draft at {begin}"
+    if drafted_first:
+        assert 0 < begin < last.num_cached_tokens, f"the draft resumed at {begin} of {last.num_cached_tokens}"
+    else:
+        assert begin == 0
+    given = np.concatenate(drafter.contexts[last.id])  # every context row the draft was given, in order
+    ref = HybridReference(cfg, weights)
+    _, expected = ref.forward(ref.new_cache(), np.array(truths[2]), drafter.target_layer_ids)
+    error = nmse(given, expected[begin : begin + len(given)])
+    assert error < 1e-6, f"the draft's context from row {begin}: NMSE {error:.2e} against the reference's taps"
+
+
+def spy(starts: list, model: PagedModel):
+    """ovbuild.runtime.catch_up.catch_up, noting where each request's catch-up starts."""
+
+    def noting(target, requests, max_rows):
+        before = {r.id: catch_up.catch_up_start(model, r)[0] for r in requests}
+        caught = catch_up.catch_up(target, requests, max_rows)
+        starts.extend((r, before[r.id]) for r in caught)
+        return caught
+
+    return noting
