@@ -101,3 +101,15 @@ def test_a_list_may_change_after_binding():
     x[0] = 100  # the caller reuses its list: the next bind of it must not look unchanged
     y, _ = call(binder, {"x": x, "scale": 1.0})
     np.testing.assert_array_equal(y, [200, 4, 6])
+
+
+def test_a_large_list_outlives_bind():
+    """A list longer than the reuse size (a call's block table past 16,384 indices) becomes an array bound in place:
+    the binder keeps it until the input is bound again, or the call reads freed memory (it crashed the process)."""
+    compiled = doubling_model()
+    binder = InputBinder(compiled.create_infer_request(), compiled.inputs)
+    values = list(range(REUSE_BYTES // 4 + 1000))
+    binder.bind({"x": values, "scale": 1.0})
+    np.zeros(len(values) * 4, np.int64).fill(-1)  # memory a freed array would have given back is written over
+    binder.request.infer()
+    np.testing.assert_array_equal(binder.request.get_output_tensor(0).data, 2 * np.array(values, np.float32))

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
 from ovbuild.runtime.cache.cache_manager import CacheManager
+from ovbuild.runtime.cache.rows import prompt_chunk
 from ovbuild.runtime.draft_step import DraftStep
 from ovbuild.runtime.images import check_images
 from ovbuild.runtime.metrics import RunMetrics
@@ -18,14 +19,18 @@ from ovbuild.runtime.step_plan import StepPlan
 from ovbuild.runtime.validation import check_prompt
 
 
-def prefix_hits(request: Request, target: CacheManager, draft: CacheManager | None) -> tuple[int, int]:
+def prefix_hits(request: Request, target: CacheManager, draft: CacheManager | None, stateful: bool) -> tuple[int, int]:
     """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
-    (its row must run: its logits give the first token); on a hybrid target, up to the last state snapshot within
-    them. The target starts on its own hit whatever the draft's cache holds; the draft's hit is at most the target's,
-    and when it is shorter (a draft that sat idle never wrote those context rows) the taps in between are a gap the
-    target computes again only if the request drafts (ovbuild.runtime.catch_up). draft None: the target alone."""
+    (its row must run: its logits give the first token), nor all prompt tokens but the last (a lone prompt row runs
+    in another kernel than the chunk it ran in uncached: ovbuild.runtime.cache.rows); on a target with states
+    (`stateful`), up to the last state snapshot within them. The target starts on its own hit whatever the draft's
+    cache holds; the draft's hit is at most the target's, and when it is shorter (a draft that sat idle never wrote
+    those context rows) the taps in between are a gap the target computes again only if the request drafts
+    (ovbuild.runtime.catch_up). draft None: the target alone."""
     limit = request.context_len - 1
     hit = target.cached_prefix(request.block_hashes(target.block_size, limit))
+    if hit and not stateful and len(request.prompt) - hit == 1:
+        hit -= target.block_size  # a lone prompt row would run in the decode kernel (ovbuild.runtime.cache.rows)
     if draft is None:
         return hit, 0
     draft_hit = min(draft.cached_prefix(request.block_hashes(draft.block_size, limit)), hit)
@@ -134,7 +139,8 @@ class Admission:
         """Target rows the request runs this step at most: its verification rows, or what is left of its prompt."""
         if request.status is Status.DECODE:
             return 1 + len(request.proposal)
-        return min(request.context_len - request.target_len, self.max_num_batched_tokens)
+        left, prompt_left = request.context_len - request.target_len, len(request.prompt) - request.target_len
+        return prompt_chunk(left, self.max_num_batched_tokens, prompt_left)
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         """Free every block of a running request and queue it first again: it is recomputed later, its committed
@@ -184,7 +190,7 @@ class Admission:
         if not self.prefix_caching or request.config.prompt_logprobs is not None:
             return 0, 0  # prompt logprobs come from the prompt's rows: they all run
         draft = self.drafter.cache_manager if self.drafter is not None else None
-        return prefix_hits(request, self.target.cache_manager, draft)
+        return prefix_hits(request, self.target.cache_manager, draft, self.target.states is not None)
 
     def _start(self, request: Request, hit: int, draft_hit: int) -> bool:
         """Give the request its cached prefix and blocks for its whole context in every cache; False (holding

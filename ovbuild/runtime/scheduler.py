@@ -40,6 +40,7 @@ import numpy as np
 
 from ovbuild.runtime.admission import Admission
 from ovbuild.runtime.cache.cache_manager import CacheManager
+from ovbuild.runtime.cache.rows import prompt_chunk
 from ovbuild.runtime.decode.logprobs import PROMPT_LOGPROB_ROWS
 from ovbuild.runtime.draft_step import DraftStep
 from ovbuild.runtime.images import ImagePrompt
@@ -212,9 +213,10 @@ class Scheduler(Admission, Verification):
         for request in self.running:
             if request.status is Status.PREFILL and (budget > 0 or not batch):
                 context = request.context_len
-                n = min(context - request.target_len, max(budget, 1))
-                if request.config.prompt_logprobs is not None:
-                    n = min(n, PROMPT_LOGPROB_ROWS)  # every row's logits are kept
+                prompt_left = len(request.prompt) - request.target_len
+                # a request keeping every row's logits (its prompt logprobs) takes PROMPT_LOGPROB_ROWS a chunk at most
+                rows = budget if request.config.prompt_logprobs is None else min(budget, PROMPT_LOGPROB_ROWS)
+                n = prompt_chunk(context - request.target_len, rows, prompt_left)  # never a lone prompt row
                 chunk = request.committed(request.target_len, request.target_len + n)
                 last = request.target_len + n == context
                 wanted = [n - 1] if last else []

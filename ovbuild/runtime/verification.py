@@ -44,8 +44,10 @@ class Verification:
             request, tokens = part.request, part.tokens
             begin = len(ids)
             # each verification row a subsequence of its own, attending to the rows before it in the cache: the
-            # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel)
-            one_per_row = request.status is Status.DECODE and self.target.row_subsequences
+            # kernel a 1-row decode runs, so rows round as the target alone's do (see PagedModel); so do the generated
+            # tokens a preempted request computes again (ovbuild.runtime.cache.rows)
+            generated = request.status is Status.DECODE or request.target_len >= len(request.prompt)
+            one_per_row = generated and self.target.row_subsequences
             rows += sequence_rows(request.id, request.target_len, len(tokens), one_per_row)
             if state_rows is not None:
                 # states after every verification row (the last accepted one is kept), after a prompt chunk's last

@@ -32,6 +32,7 @@ class InputBinder:
                 self.index[name], self.dtypes[i] = i, port.get_element_type().to_dtype()
         self._held: dict[int, np.ndarray] = {}  # the buffer bound to each input, when the binder owns it
         self._written: dict[int, list | int | float] = {}  # the plain values a held buffer holds, when given so
+        self._bound: dict[int, np.ndarray] = {}  # large arrays bound in place, kept until the input is bound again
 
     def bind(self, feeds: dict[str, np.ndarray | list | int | float]) -> None:
         """Bind each array (or list, or number) to the input of its name. Small arrays are copied: the caller may
@@ -59,6 +60,9 @@ class InputBinder:
                 self._held[i] = array
             else:
                 self._held.pop(i, None)
+                # the tensor reads this memory at infer(): an array made here from a list (a long block table) must
+                # outlive bind(), or the call reads freed memory (it crashed past 16,384 block indices)
+                self._bound[i] = array
             self._remember(i, value, plain and small)
 
     def _remember(self, i: int, value, plain: bool) -> None:
