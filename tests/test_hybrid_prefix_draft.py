@@ -1,18 +1,21 @@
 """Prefix caching on the tiny hybrid pair whatever the draft-length planner does: a request starts on the target's
 cached prefix even when the draft's cache lacks it (a draft that drafted for nobody never wrote those context rows),
 outputs equal the target alone's, and a request that drafts after such a hit first catches up on the taps it missed,
-from the zero state or from a kept state snapshot, so that its draft sees its whole context in order."""
+from the zero state or from a kept state snapshot, so that its draft sees its whole context in order, image rows
+included."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from test_hybrid_speculative import VOCAB, hybrid  # noqa: F401 (the module fixture)
+from test_image_generate import shown
 from test_untapped import Recording, Scripted
 
 from ovbuild.reference.hybrid import HybridReference
 from ovbuild.reference.layers import nmse
 from ovbuild.runtime import catch_up, draft_step
+from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request
 from ovbuild.runtime.scheduler import Scheduler
@@ -151,3 +154,55 @@ def spy(starts: list, model: PagedModel):
         return caught
 
     return noting
+
+
+def test_a_catch_up_over_an_image_gives_the_draft_the_image_rows_taps(hybrid, monkeypatch):  # noqa: F811
+    """Turn 1 shows an image and does not draft; turn 2 resends it, starts on the target's hit past the image, then
+    drafts: its catch-up runs from row 0 over the image with the image's embeddings and three-axis positions, so the
+    draft's context is the reference's taps of the whole conversation, image rows included."""
+    cfg, weights = hybrid[0]
+    rng = np.random.default_rng(6)
+    ids, images = shown(rng.integers(0, VOCAB, 20).tolist(), [(7, (1, 4, 6))], rng.integers(0, VOCAB, 9).tolist())
+
+    def chat(served: Scheduler, speculation: Scripted | None = None, truths=None) -> list[Request]:
+        first = served.add_request(ids, IDLE, images=images)
+        served.run()
+        again = [*ids, *first.generated, *rng_again]
+        second = served.add_request(again, LONG, images=ImagePrompt.of(len(again), list(images.images)))
+        if truths is not None:
+            served.drafter.truths |= {first.id: truths[0], second.id: truths[1]}
+        for _ in range(4 if speculation is not None else 0):
+            served.step()
+        if speculation is not None:
+            speculation.quiet = False
+        served.run()
+        return [first, second]
+
+    rng_again = rng.integers(0, VOCAB, 8).tolist()
+    alone = chat(scheduler(hybrid))
+    truths = [[*r.prompt.tolist(), *r.generated] for r in alone]
+    drafter = Resuming(BlockDrafter(hybrid[2], num_blocks=64, **F32), VOCAB, seed=4)
+    costs = fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5)
+    speculation = Scripted(drafter.max_candidates, drafter.candidate_offset, *costs, host_s=1e-4, learn_host=False)
+    served = scheduler(hybrid, drafter, speculation)
+    starts = []
+    monkeypatch.setattr(draft_step, "catch_up", spy(starts, served.target))
+    requests = chat(served, speculation, truths)
+
+    assert [r.generated for r in requests] == [r.generated for r in alone]
+    last = requests[1]
+    assert last.num_cached_tokens == alone[1].num_cached_tokens > images.images[0].end
+    assert [s for r, s in starts if r is last] == [0] and drafter.begins[last.id] == 0
+    assert served.metrics.requests.num_accepted_tokens > 0
+    given = np.concatenate(drafter.contexts[last.id])
+    ref, prompt = HybridReference(cfg, weights), last.images
+    rows, pieces = prompt.rows(0, len(last.prompt))
+    cache = ref.new_cache()
+    _, taps = ref.forward(
+        cache, last.prompt, drafter.target_layer_ids, positions=prompt.positions, images=(rows, np.concatenate(pieces))
+    )
+    after = np.arange(len(last.prompt), len(truths[1])) + prompt.delta
+    _, more = ref.forward(cache, np.array(last.generated), drafter.target_layer_ids, positions=np.stack([after] * 3))
+    expected = np.concatenate([taps, more])
+    error = nmse(given, expected[: len(given)])
+    assert error < 1e-6, f"the draft's context over the image: NMSE {error:.2e} against the reference's taps"
