@@ -28,20 +28,21 @@ PINNED = GenerationConfig(max_new_tokens=10, num_assistant_tokens=3)  # drafts e
 LONG = GenerationConfig(max_new_tokens=60)  # room for the planner to come back from its backoff and draft
 
 
-def target(hybrid) -> PagedModel:  # noqa: F811
-    model = PagedModel(hybrid[1], num_blocks=64, state_slots=4, **F32)
+def target(hybrid, num_blocks: int = 64) -> PagedModel:  # noqa: F811
+    model = PagedModel(hybrid[1], num_blocks=num_blocks, state_slots=4, **F32)
     model.cache_manager.keep_snapshots(model.cache.block_size, 16)  # a snapshot every block
     return model
 
 
-def scheduler(hybrid, drafter=None, speculation=None, caching: bool = True) -> Scheduler:  # noqa: F811
-    return Scheduler(target(hybrid), drafter, 64, speculation=speculation, enable_prefix_caching=caching)
+def scheduler(hybrid, drafter=None, speculation=None, caching: bool = True, num_blocks: int = 64) -> Scheduler:  # noqa: F811
+    model = target(hybrid, num_blocks)
+    return Scheduler(model, drafter, 64, speculation=speculation, enable_prefix_caching=caching)
 
 
-def idle_scheduler(hybrid, caching: bool = True) -> Scheduler:  # noqa: F811
+def idle_scheduler(hybrid, caching: bool = True, num_blocks: int = 64) -> Scheduler:  # noqa: F811
     """The DFlash draft with a planner that finds drafting dear: a draft call costs a second."""
     drafter = BlockDrafter(hybrid[2], num_blocks=64, **F32)
-    return scheduler(hybrid, drafter, fixed_speculation(drafter, draft=(1.0, 1e-3)), caching)
+    return scheduler(hybrid, drafter, fixed_speculation(drafter, draft=(1.0, 1e-3)), caching, num_blocks)
 
 
 def turns(scheduler: Scheduler, configs: list[GenerationConfig], seed: int = 0, between=None) -> list[Request]:
@@ -206,3 +207,36 @@ def test_a_catch_up_over_an_image_gives_the_draft_the_image_rows_taps(hybrid, mo
     expected = np.concatenate([taps, more])
     error = nmse(given, expected[: len(given)])
     assert error < 1e-6, f"the draft's context over the image: NMSE {error:.2e} against the reference's taps"
+
+
+def test_samples_of_one_prompt_compute_it_once_while_the_planner_drafts_for_nobody(hybrid):  # noqa: F811
+    """n samples of a prompt queued together: the first prefills it, the others start on its blocks in the target's
+    cache (the draft's holds none of them), and each sample draws what it draws alone."""
+    prompt = np.random.default_rng(8).integers(0, VOCAB, 90).tolist()
+    configs = [GenerationConfig(max_new_tokens=6, do_sample=True, temperature=0.9, rng_seed=seed) for seed in range(3)]
+    served = idle_scheduler(hybrid)
+    together = [served.add_request(prompt, c) for c in configs]
+    served.run()
+    block = served.target.cache.block_size
+    assert [r.num_cached_tokens for r in together] == [0, (89 // block) * block, (89 // block) * block]
+    for request, config in zip(together, configs, strict=True):
+        alone = scheduler(hybrid, caching=False)
+        alone.add_request(prompt, config)
+        assert alone.run()[0].generated == request.generated
+
+
+def test_preempted_requests_resume_on_the_target_hit_and_stay_exact(hybrid):  # noqa: F811
+    """A target cache too small for every request at once: preempted requests come back on the target's cached
+    blocks (the draft's holds none), and every output is the target alone's with room for everyone."""
+    rng = np.random.default_rng(9)
+    system = rng.integers(0, VOCAB, 40).tolist()
+    prompts = [[*system, *rng.integers(0, VOCAB, int(n)).tolist()] for n in (10, 25, 5, 30)]
+    config = GenerationConfig(max_new_tokens=30)
+    alone = scheduler(hybrid, caching=False)
+    reference = [alone.add_request(p, config) for p in prompts]
+    alone.run()
+    served = idle_scheduler(hybrid, num_blocks=8)
+    requests = [served.add_request(p, config) for p in prompts]
+    served.run()
+    assert [r.generated for r in requests] == [r.generated for r in reference]
+    assert served.metrics.num_preemptions > 0 and served.metrics.prefix_cache_hits > 0
