@@ -38,9 +38,10 @@ from export_helpers import assert_clean_error, ovbuild
 pytestmark = pytest.mark.slow  # end to end: `pytest -m "not slow"` leaves it out
 
 MODEL, MAX_TOKENS, CONTEXT = "tiny-vl", 12, 448
-# 3 draft tokens every step: the adaptive planner would draft in no step on these tiny models, and the draft cache
-# takes a prompt's blocks at its first draft call (docs/serve.md), which a prefix hit of both caches needs
+# 3 draft tokens every step: the adaptive planner would draft in no step on these tiny models
 GREEDY = dict(max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True, "num_assistant_tokens": 3})
+# the planner's draft lengths (none, here): the draft cache never takes the prompts' blocks, the target's still hit
+PLANNED = dict(max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True})
 ALONE = dict(max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True})
 # Qwen3.5's chat template renders content lists itself, an image part as its vision markers around the image token,
 # and a system message's text parts only (as Qwen3-VL's does): the served template here is that shape.
@@ -201,23 +202,29 @@ def test_the_tower_runs_once_per_image(folders, server, client):
     assert calls == [[[1, 8, 8]]]  # the second request found the image's rows in the encoder's cache
 
 
-def test_later_turns_hit_the_prefix_cache_past_the_image_and_another_image_does_not(folders, server, client, alone):
-    """Turn 2 resends turn 1 with the image: its cached prefix reaches past the image. The same conversation with
-    another image of the same size (the same placeholder ids) hits only before the image."""
+@pytest.mark.parametrize("drafts", [GREEDY, PLANNED], ids=["pinned", "planned"])
+def test_later_turns_hit_the_prefix_cache_past_the_image_and_another_image_does_not(
+    folders, server, client, alone, drafts
+):
+    """Turn 2 resends turn 1 with the image: its cached prefix reaches past the image, whether the draft drafted
+    (both caches hold the prefix) or not (the target's does), and its answer is the target alone's. The same
+    conversation with another image of the same size (the same placeholder ids) hits only before the image."""
     _, _, media = folders
-    system = {"role": "system", "content": "You look at pictures and answer briefly. " * 2}
+    pinned = "num_assistant_tokens" in drafts["extra_body"]
+    system = {"role": "system", "content": f"You look at pictures and answer {'briefly' if pinned else 'fully'}. " * 2}
 
     def hits(messages) -> tuple[int, str]:
         wait_idle(server)
         before = metrics(server)["ovbuild_prefix_cache_hits_total"]
-        answer = client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+        answer = client.chat.completions.create(model=MODEL, messages=messages, **drafts)
         wait_idle(server)
         return metrics(server)["ovbuild_prefix_cache_hits_total"] - before, answer.choices[0].message.content
 
     first = [system, user("What is in it?", str(media / "a.png"))]
     _, reply = hits(first)
     second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Are you sure?"}]
-    cached, _ = hits(second)
+    cached, answer = hits(second)
+    assert answer == expected(alone, second, [media / "a.png"])
     llm, template = alone
     text = template.render([system, {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}])
     _, shown = llm.image_prompter().prompt(text, [str(media / "a.png")])

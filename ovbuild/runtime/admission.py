@@ -3,7 +3,6 @@ ovbuild.runtime.cache.prefix), and whether it waits for a running request that i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from ovbuild.errors import CacheExhaustedError, UnsupportedError
@@ -23,28 +22,19 @@ from ovbuild.runtime.validation import check_prompt
 def prefix_hits(request: Request, target: CacheManager, draft: CacheManager | None, stateful: bool) -> tuple[int, int]:
     """(target, draft) tokens of the request's context found cached: whole blocks, never the last context token
     (its row must run: its logits give the first token), nor all prompt tokens but the last (a lone prompt row runs
-    in another kernel than the chunk it ran in uncached: ovbuild.runtime.cache.rows). The draft's hit is at most the
-    target's; when it is shorter, the taps in between are a gap the target computes again before the request drafts
-    (ovbuild.runtime.catch_up).
-    A target with states (`stateful`) cannot run a catch-up: both start at one length, the longest every cache (and a
-    snapshot) holds. draft None: the target alone."""
+    in another kernel than the chunk it ran in uncached: ovbuild.runtime.cache.rows); on a target with states
+    (`stateful`), up to the last state snapshot within them. The target starts on its own hit whatever the draft's
+    cache holds; the draft's hit is at most the target's, and when it is shorter (a draft that sat idle never wrote
+    those context rows) the taps in between are a gap the target computes again only if the request drafts
+    (ovbuild.runtime.catch_up). draft None: the target alone."""
     limit = request.context_len - 1
     hit = target.cached_prefix(request.block_hashes(target.block_size, limit))
     if hit and not stateful and len(request.prompt) - hit == 1:
         hit -= target.block_size  # a lone prompt row would run in the decode kernel (ovbuild.runtime.cache.rows)
     if draft is None:
         return hit, 0
-    hashes = request.block_hashes(draft.block_size, limit)
-    if not stateful:
-        draft_hit = min(draft.cached_prefix(hashes), hit)
-        return hit, draft_hit - draft_hit % draft.block_size
-    caches = [target, draft]
-    step = math.lcm(target.block_size, draft.block_size)
-    common = min(hit, draft.cached_prefix(hashes))
-    common -= common % step
-    while common and not all(c.cached_prefix(request.block_hashes(c.block_size, common)) == common for c in caches):
-        common -= step
-    return common, common
+    draft_hit = min(draft.cached_prefix(request.block_hashes(draft.block_size, limit)), hit)
+    return hit, draft_hit - draft_hit % draft.block_size
 
 
 def prefilling_its_first_block(request: Request, prefilling: Iterable[Request], block_size: int) -> bool:

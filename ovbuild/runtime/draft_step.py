@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ovbuild.runtime.catch_up import catch_up
+from ovbuild.runtime.catch_up import catch_up, catch_up_rows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import Request, Status
@@ -246,7 +246,7 @@ class DraftStep:
         call of at most max_num_batched_tokens rows; a request it could not fit drafts 0 this step. Its seconds."""
         if not behind:
             return 0.0
-        gaps = {r.id: r.gap for r in behind}
+        gaps = {r.id: catch_up_rows(self.target, r) for r in behind}  # a hybrid's go back to a kept state
         compiled, start = self.target.compile_s, time.perf_counter()
         caught = catch_up(self.target, behind, self.max_num_batched_tokens)
         seconds = time.perf_counter() - start

@@ -6,9 +6,10 @@ call and its verification):
   1. `schedule()` returns a StepPlan: the running requests take the blocks this step's rows need (blocks on demand;
      when the pool runs out the most recently admitted running request is preempted: its blocks are freed and it
      goes back to the front of the queue, to be recomputed later with its committed tokens joined to its prompt),
-     then waiting requests are admitted, each starting on the longest prefix every cache holds (prefix caching,
-     ovbuild.runtime.cache.prefix; one whose first block a running request is still prefilling waits for its blocks, so
-     n samples of a prompt compute it once; one asking for prompt logprobs runs all its rows, in bounded chunks), and
+     then waiting requests are admitted, each starting on the longest prefix the target's cache holds, its draft on
+     what the draft's holds of it (prefix caching, ovbuild.runtime.cache.prefix, ovbuild.runtime.admission; one
+     whose first block a running request is still prefilling waits for its blocks, so n samples of a prompt compute
+     it once; one asking for prompt logprobs runs all its rows, in bounded chunks), and
      the target call is packed: the verification rows [anchor, d1..dk] of decoding requests (on CPU each row a
      1-row subsequence, so that it rounds as a decode step does; the plan's draft_lengths hold each k) and prompt
      chunks of prefilling ones (bounded by max_num_batched_tokens);

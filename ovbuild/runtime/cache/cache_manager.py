@@ -155,6 +155,20 @@ class BlocksAndSlots(CacheManager):
                 return end * self.block_size
         return 0
 
+    def state_before(self, hashes: list[bytes], length: int) -> tuple[int, dict[str, np.ndarray] | None]:
+        """(tokens, state after them): the longest prefix of at most `length` tokens (block hashes `hashes`) whose
+        state a snapshot keeps; (0, None) without one: the zero state before any row (where ovbuild.runtime.catch_up
+        starts)."""
+        if not self.snapshot_interval:
+            return 0, None
+        per = self.snapshot_interval // self.block_size
+        whole = min(length // self.block_size, len(hashes))
+        for end in range(whole - whole % per, 0, -per):
+            snapshot = self.snapshots.get(hashes[end - 1])
+            if snapshot is not None:
+                return end * self.block_size, snapshot
+        return 0, None
+
     def resume(self, seq_id: int, hashes: list[bytes], length: int) -> None:
         self.states.allocate(seq_id)
         super().resume(seq_id, hashes, length)
