@@ -543,7 +543,7 @@ MUTANTS = (
     Mutant(
         "scheduler-verification-rows-in-one-subsequence",
         "ovbuild/runtime/verification.py",
-        "one_per_row = request.status is Status.DECODE and self.target.row_subsequences",
+        "one_per_row = generated and self.target.row_subsequences",
         "one_per_row = False",
         ("tests/test_speculative.py",),
     ),
@@ -844,10 +844,10 @@ MUTANTS = (
     Mutant(
         "logprobs-after-the-penalties",
         "ovbuild/runtime/commit.py",
-        "    for token, row in zip(tokens, logits, strict=False):",
+        "    for i, (token, row) in enumerate(zip(tokens, logits, strict=False)):",
         "    rows = penalized(request, logits)\n"
         "    logits = logits if rows is None else np.stack([rows[i] for i in range(len(logits))])\n"
-        "    for token, row in zip(tokens, logits, strict=False):",
+        "    for i, (token, row) in enumerate(zip(tokens, logits, strict=False)):",
         ("tests/test_logprobs.py",),
     ),
     Mutant(
