@@ -174,8 +174,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--kv-cache-precision", default=EXACT_TARGET.kv_cache_precision)
     parser.add_argument("--inference-precision", default="f32", choices=("f32", "bf16"), help="the targets' math")
+    parser.add_argument("--plot", type=Path, help="also draw the speed-ups against requests as a PNG at this path")
     harness.add_arguments(parser, rounds=5)
     args = parser.parse_args()
+    speedups: dict[str, dict[int, harness.Ratio]] = {}  # series -> requests -> ratio, for --plot
     harness.start("ovbuild against stock OpenVINO GenAI on the shipped demo pair, side by side")
     with tempfile.TemporaryDirectory(prefix="ovbuild_vs_genai_") as tmp:
         tmp = Path(tmp)
@@ -214,6 +216,15 @@ def main() -> None:
             modes.draft_lengths = []
             rounds = harness.interleave(runs, args.rounds, seed=args.seed + n, check=check)
             report(n, len(prompts), args.new_tokens, rounds)
+            genai = "GenAI LLMPipeline" if n == 1 else "GenAI CB"
+            for series, (a, b) in {
+                "ovbuild with the draft / GenAI alone": ("ovbuild draft", genai),
+                "ovbuild alone / GenAI alone": ("ovbuild alone", genai),
+                "GenAI's DFlash / GenAI alone": ("GenAI DFlash", genai),
+                "ovbuild with the draft / ovbuild alone": ("ovbuild draft", "ovbuild alone"),
+            }.items():
+                if a in rounds.seconds:
+                    speedups.setdefault(series, {})[n] = rounds.ratio(b, a)  # speed a / speed b
             for name, counts in equal.items():
                 print(f"    {name}: {min(counts)}-{max(counts)} of {len(prompts)} requests equal to ovbuild's alone")
             print(
@@ -221,6 +232,10 @@ def main() -> None:
             )
             if n == 1:
                 print_floor(modes, prompts, block, rounds.ratio("ovbuild alone", "ovbuild draft").median)
+        if args.plot is not None:
+            title = f"the shipped demo pair, {args.inference_precision} math: speed against GenAI alone, side by side"
+            harness.plot_speedups(args.plot, title, "requests at once", speedups, harness.machine_line())
+            print(f"plot: {args.plot}")
 
 
 def fastest_decode_call(target: PagedModel, context: int = 16, calls: int = 50) -> float:
