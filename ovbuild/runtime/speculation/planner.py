@@ -286,12 +286,12 @@ class Speculation:
         anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
         rows of every request (any draft call carries them); force_draft: a draft call happens anyway; gaps: each free
         request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
-        catch_up) and its draft call carries; requests: in the step (host time goes by them; len(free) if None). Pending context up to what the step commits is charged in full (a
-        drafting streak carries that much every step); context beyond it (a backlog, a gap's) is taken in once and
-        serves every later step: like the catch-up call, its share of the draft call is charged at 1 /
-        CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later draft call
-        look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks alone)
-        until drafting never resumed.
+        catch_up) and its draft call carries; requests: in the step (host time goes by them; len(free) if None).
+        Pending context up to what the step commits is charged in full (a drafting streak carries that much every
+        step); context beyond it (a backlog, a gap's) is taken in once and serves every later step: like the catch-up
+        call, its share of the draft call is charged at 1 / CATCH_UP_STEPS. Charged in full, the context that piled
+        up while nobody drafted made every later draft call look dearer (4 requests on the demo pair: 281 pending
+        rows, 2.9 ms against 0.9 ms for the blocks alone) until drafting never resumed.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
