@@ -51,6 +51,7 @@ from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.call_cost import BUCKETS, bucket
 from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tokenizer import write_tokenizer
@@ -135,6 +136,7 @@ class Serving:
         self.draft_lengths = {tau: [] for tau in taus}  # decode steps that drafted 0, 1, ... tokens (summed)
         self.acceptance = {tau: [] for tau in taus}  # mean acceptance length per run
         self.wall = 0.0  # seconds of the last run, prefill included (timed_run)
+        self.target_log, self.draft_log = CallLog(pipeline.target), CallLog(inner.model)
 
     def alone(self, prompts: list[list[int]]) -> harness.Measured:
         scheduler = Scheduler(self.pipeline.target, max_model_len=self.pipeline.max_model_len)
@@ -177,6 +179,37 @@ class Serving:
         for r in requests:
             drafter.truths.pop(r.id, None)
         return out
+
+
+class CallLog:
+    """Every call of a model, timed: (requests in it, rows, seconds), so that the cost of a call by rows and by
+    requests is printed from the calls the runs made (the planner prices calls by rows alone)."""
+
+    def __init__(self, model: PagedModel):
+        self.calls: list[tuple[int, int, float]] = []
+        run = model.run
+
+        def timed_run(rows, inputs, *args, **kwargs):
+            start = time.perf_counter()
+            out = run(rows, inputs, *args, **kwargs)
+            seconds = time.perf_counter() - start
+            self.calls.append((len({r.seq_id for r in rows}), sum(r.num_rows for r in rows), seconds))
+            return out
+
+        model.run = timed_run
+
+    def table(self, since: int) -> str:
+        """Median ms of the calls since `since` by requests and rows (the planner's row buckets: call_cost.BUCKETS;
+        cells of at least 3 calls)."""
+        by: dict[tuple[int, int], list[float]] = {}
+        for requests, rows, seconds in self.calls[since:]:
+            by.setdefault((requests, int(BUCKETS[bucket(rows)])), []).append(seconds)
+        cells = [
+            f"{n} x ~{r} rows {statistics.median(t) * 1e3:.0f} ms ({len(t)})"
+            for (n, r), t in sorted(by.items(), key=lambda item: (item[0][1], item[0][0]))
+            if len(t) >= 3
+        ]
+        return "; ".join(cells) or "none"
 
 
 def lengths_line(histogram: list[int]) -> str:
@@ -227,10 +260,12 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
         for k in args.sweep
     }
     walls: dict[str, list[float]] = {name: [] for name in cases}  # whole runs, prefill included
+    since = len(serving.target_log.calls), len(serving.draft_log.calls)
     rounds = harness.interleave(
         cases, args.rounds, seed=args.seed, warmup=False, check=lambda name, _: walls[name].append(serving.wall)
     )
     harness.require_equal(rounds.outputs, "alone")
+    target_calls, draft_calls = serving.target_log.table(since[0]), serving.draft_log.table(since[1])
     decoded = n * (args.new_tokens - 1)  # the first token of each request comes from its prefill
     # one call per case and round there: more rounds than the runs take, or the yardstick is noisier than the runs
     repeats = max(3 * args.rounds, 9)
@@ -243,6 +278,7 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
           "both sides), and whole runs:")  # fmt: skip
     print(f"  target alone: {decoded / rounds.median('alone'):.2f} tokens/s decoding (median round), "
           f"{statistics.median(walls['alone']):.2f} s a run")  # fmt: skip
+    print(f"  timed calls (requests x rows, median, calls): target {target_calls}; draft {draft_calls}")
     for tau in args.taus:
         name = f"tau {tau}"
         ratio = rounds.ratio("alone", name)
