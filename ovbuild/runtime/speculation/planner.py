@@ -27,6 +27,7 @@ candidate offset 0; with offset 1 a request's first proposal costs one more draf
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,6 +201,7 @@ class Speculation:
         if self._drafting_host:
             self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
         table = self._host_drafting if drafted else self._host_plain
+        requests = max(requests, 1)
         table[requests] = _ema(table.get(requests, 0.0), seconds)
 
     def host_costs(self, requests: int) -> tuple[float, float]:
@@ -348,7 +350,7 @@ class Speculation:
 
 def _nearest(table: dict[int, float], requests: int) -> int:
     """The key of `table` nearest `requests` on a log scale (the fewer requests on a tie)."""
-    return min(table, key=lambda n: (abs(np.log(n / max(requests, 1))), n))
+    return min(table, key=lambda n: (abs(math.log(n / max(requests, 1))), n))
 
 
 def _ema(average: float, value: float) -> float:
