@@ -279,6 +279,16 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
     print(f"  target alone: {decoded / rounds.median('alone'):.2f} tokens/s decoding (median round), "
           f"{statistics.median(walls['alone']):.2f} s a run")  # fmt: skip
     print(f"  timed calls (requests x rows, median, calls): target {target_calls}; draft {draft_calls}")
+    costs = serving.plans[args.taus[0]]  # the planners share their cost curves
+    priced = (1, 2, 4, 6, 8, 12, 16, 24, 32)
+    print(
+        "  the planner's priced calls now (rows: ms): target "
+        + ", ".join(f"{r}: {costs.target_cost(r) * 1e3:.0f}" for r in priced)
+        + "; draft "
+        + ", ".join(f"{r}: {costs.draft_cost(r) * 1e3:.0f}" for r in priced)
+        + f"; drift {costs.target_cost.drift:.2f} and {costs.draft_cost.drift:.2f}; host by requests: "
+        + ", ".join(f"{n}: {costs.host_costs(n)[0] * 1e3:.2f} + {costs.host_costs(n)[1] * 1e3:.2f} ms" for n in (1, 4))
+    )
     for tau in args.taus:
         name = f"tau {tau}"
         ratio = rounds.ratio("alone", name)
