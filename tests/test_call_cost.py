@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ovbuild.runtime.model.static_rows import padded_rows
-from ovbuild.runtime.speculation.call_cost import DRIFT_CLIP, DRIFT_RATE, CallCost
+from ovbuild.runtime.speculation.call_cost import DRIFT_CLIP, DRIFT_RATE, FRESH_CALLS, CallCost
 
 
 def test_call_cost_interpolates_extrapolates_and_resists_spikes():
@@ -53,17 +53,19 @@ def test_buckets_no_call_ran_lately_keep_their_place_in_the_curve():
 
 def test_the_drift_follows_a_machine_that_slows_down_and_recovers():
     """Calls of one row count at twice their time (other work on the machine): every row count's price follows
-    within about 15 calls, without a call of its own, and comes back when the machine does. Expected: each call moves
+    within about 15 calls, without a call of its own (priced so once a bucket's last call is FRESH_CALLS old), and
+    comes back when the machine does. Expected: each call moves
     the drift by min(ratio, DRIFT_CLIP)^DRIFT_RATE, so the drift after n calls at ratio 2 is found by iterating that
     map by hand, and a single spike moves it by at most DRIFT_CLIP^DRIFT_RATE."""
     cost = calibrated()
     drift = 1.0
-    for _ in range(15):
+    for _ in range(FRESH_CALLS + 1):
         cost.observe(16, 2 * 1.09)
         drift *= min(2 / drift, DRIFT_CLIP) ** DRIFT_RATE
-    assert drift > 1.8 and cost.drift == pytest.approx(drift, rel=1e-9)
-    # buckets 1 and 8 had no call: priced at the shape times the drift
+    assert drift > 1.95 and cost.drift == pytest.approx(drift, rel=1e-9)
+    # buckets 1 and 8 had no call among the last FRESH_CALLS: priced at their calls times the drift since
     assert cost(np.array([1, 8])) == pytest.approx([0.4 * drift, 0.72 * drift], rel=0.01)
+    assert cost(16) == pytest.approx(2 * 1.09), "a bucket with recent calls: their median, as it is"
     for _ in range(40):
         cost.observe(16, 1.09)
     assert cost(8) == pytest.approx(0.72, rel=0.05), "back to the calibrated price once the machine is"

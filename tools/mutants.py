@@ -366,7 +366,7 @@ MUTANTS = (
     Mutant(
         "speculation-cost-stale-buckets-at-old-speed",
         "ovbuild/runtime/speculation/call_cost.py",
-        "now = self.seconds[self.seen] * (drift / self.drift_then[self.seen])",
+        "now = self.seconds[self.seen] * np.where(fresh, 1.0, drift / self.drift_then[self.seen])",
         "now = self.seconds[self.seen] * 1.0",
         CALL_COST,
     ),

@@ -26,6 +26,11 @@ PHASE_CALLS = 128
 # reference at today's drift), that ratio clipped to DRIFT_CLIP either way, so one spike moves every price by at most
 # 1.5^0.15 = 6%, while a machine that got twice as slow (other work, heat) is followed within about 15 calls.
 DRIFT_RATE = 0.15
+# A bucket with a call among its model's last FRESH_CALLS calls (a draft's: its own and the target's) is priced at its
+# own calls' median as it is: the drift is measured against references that may come from another moment (a calibration
+# kept from a busy run), and scaling such buckets by it priced the 16-row calls of a Qwen3-4B-sized pair 11% (target)
+# and 38% (draft) under their own median, which leans towards long drafts.
+FRESH_CALLS = 32
 DRIFT_CLIP = 1.5
 
 
@@ -35,8 +40,9 @@ class CallCost:
 
     Per bucket: the median of its recent calls (robust to a shared machine's spikes; of an even count the lower middle
     one, so that a bucket of two calls, one of them a spike, is not set by the spike), times the drift since the
-    bucket's last call: a bucket no recent call ran is priced at today's speed, not at that of the moment it was last
-    called. Made non-decreasing in rows by pooling neighbouring buckets that disagree, each weighted by its calls;
+    bucket's last call when that is older than FRESH_CALLS calls: a bucket no recent call ran is priced at today's
+    speed, not at that of the moment it was last called. Made non-decreasing in rows by pooling neighbouring buckets
+    that disagree, each weighted by its calls;
     interpolated between buckets, extrapolated linearly beyond the last. Every bucket ever seen stays in the curve:
     leaving out the buckets of another phase of the run (as this did until the drift replaced it) priced every row
     count below the current ones at the smallest current one, so that a planner drafting 15 saw 8 rows cost as much
@@ -74,6 +80,7 @@ class CallCost:
         self.seen = np.zeros(len(BUCKETS), bool)
         self.reference = np.zeros(len(BUCKETS))  # each bucket's first call, over the drift of then
         self.drift_then = np.ones(len(BUCKETS))  # the drift at each bucket's last call
+        self.clock_then = np.zeros(len(BUCKETS), np.int64)  # and the clock
         self.own_drift = 1.0  # this model's drift (relative to `follows`' when it follows one)
         self.calls = 0  # calls observed so far, and the count at each bucket's last one
         self.last = np.zeros(len(BUCKETS), np.int64)
@@ -83,6 +90,11 @@ class CallCost:
     @property
     def calibrated(self) -> bool:
         return int(self.seen.sum()) >= 2
+
+    @property
+    def clock(self) -> int:
+        """Calls of this model and of the one it follows: a follower's bucket ages while only the other one runs."""
+        return self.calls + (self.follows.clock if self.follows is not None else 0)
 
     @property
     def drift(self) -> float:
@@ -108,6 +120,7 @@ class CallCost:
         self.calls += 1
         self.last[b] = self.calls
         self.drift_then[b] = self.drift
+        self.clock_then[b] = self.clock
         recent.append((rows, seconds))
         if len(recent) > max(self.window, 1):
             del recent[0]
@@ -139,7 +152,9 @@ class CallCost:
                 self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[middle]
             self._stale.clear()
             calls = np.array([len(r) for r in self.recent], np.float64)[self.seen]
-            now = self.seconds[self.seen] * (drift / self.drift_then[self.seen])  # each at today's speed
+            # a bucket with recent calls at their median; one without, at today's speed (the drift since its last)
+            fresh = (self.clock - self.clock_then[self.seen]) <= FRESH_CALLS
+            now = self.seconds[self.seen] * np.where(fresh, 1.0, drift / self.drift_then[self.seen])
             self._fit = self.rows[self.seen], _monotone(now, np.maximum(calls, 1)), drift
         if self._computed is not None:
             rows = np.asarray(rows, np.int64)
