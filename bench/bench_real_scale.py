@@ -33,8 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from itertools import zip_longest
 from pathlib import Path
 
@@ -46,6 +51,7 @@ from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.call_cost import BUCKETS, bucket
 from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.testing.steered import SteeredDrafter
 from ovbuild.testing.tokenizer import write_tokenizer
@@ -124,10 +130,13 @@ class Serving:
             spec.target_cost, spec.draft_cost = base.target_cost, base.draft_cost
             spec.calibration_cache, spec.calibration_tried = base.calibration_cache, base.calibration_tried
             self.plans[tau] = spec
+        # pinned draft lengths read no costs and must not teach the planners: their own planner (acceptance only)
+        self.pinned_plans = {tau: Speculation(inner.max_candidates, inner.candidate_offset) for tau in taus}
         self.truths: dict[tuple[int, ...], list[int]] = {}
         self.draft_lengths = {tau: [] for tau in taus}  # decode steps that drafted 0, 1, ... tokens (summed)
         self.acceptance = {tau: [] for tau in taus}  # mean acceptance length per run
         self.wall = 0.0  # seconds of the last run, prefill included (timed_run)
+        self.target_log, self.draft_log = CallLog(pipeline.target), CallLog(inner.model)
 
     def alone(self, prompts: list[list[int]]) -> harness.Measured:
         scheduler = Scheduler(self.pipeline.target, max_model_len=self.pipeline.max_model_len)
@@ -148,22 +157,59 @@ class Serving:
         last = max(r.metrics.finish_time for r in requests)
         return harness.Measured(last - first, [r.generated for r in requests])
 
-    def speculative(self, prompts: list[list[int]], tau: float) -> harness.Measured:
-        drafter, spec = self.drafters[tau], self.plans[tau]
+    def speculative(self, prompts: list[list[int]], tau: float, k: int | None = None) -> harness.Measured:
+        """The requests with the steered draft at `tau`: the planner's draft lengths, or k pinned."""
+        drafter, spec = self.drafters[tau], self.plans[tau] if k is None else self.pinned_plans[tau]
         scheduler = Scheduler(
             self.pipeline.target, drafter, max_model_len=self.pipeline.max_model_len, speculation=spec
         )
-        requests = [scheduler.add_request(p, GenerationConfig(self.new_tokens)) for p in prompts]
+        config = GenerationConfig(self.new_tokens, num_assistant_tokens=k)
+        requests = [scheduler.add_request(p, config) for p in prompts]
         for r, p in zip(requests, prompts, strict=True):
             drafter.truths[r.id] = self.truths[tuple(p)]
         out = self.timed_run(scheduler, requests)
         m = scheduler.metrics.requests
+        if k is not None:
+            for r in requests:
+                drafter.truths.pop(r.id, None)
+            return out
         self.draft_lengths[tau] = [x + y for x, y in zip_longest(self.draft_lengths[tau], m.draft_length_histogram,
                                                                  fillvalue=0)]  # fmt: skip
         self.acceptance[tau].append(m.mean_acceptance_length)
         for r in requests:
             drafter.truths.pop(r.id, None)
         return out
+
+
+class CallLog:
+    """Every call of a model, timed: (requests in it, rows, seconds), so that the cost of a call by rows and by
+    requests is printed from the calls the runs made (the planner prices calls by rows alone)."""
+
+    def __init__(self, model: PagedModel):
+        self.calls: list[tuple[int, int, float]] = []
+        run = model.run
+
+        def timed_run(rows, inputs, *args, **kwargs):
+            start = time.perf_counter()
+            out = run(rows, inputs, *args, **kwargs)
+            seconds = time.perf_counter() - start
+            self.calls.append((len({r.seq_id for r in rows}), sum(r.num_rows for r in rows), seconds))
+            return out
+
+        model.run = timed_run
+
+    def table(self, since: int) -> str:
+        """Median ms of the calls since `since` by requests and rows (the planner's row buckets: call_cost.BUCKETS;
+        cells of at least 3 calls)."""
+        by: dict[tuple[int, int], list[float]] = {}
+        for requests, rows, seconds in self.calls[since:]:
+            by.setdefault((requests, int(BUCKETS[bucket(rows)])), []).append(seconds)
+        cells = [
+            f"{n} x ~{r} rows {statistics.median(t) * 1e3:.0f} ms ({len(t)})"
+            for (n, r), t in sorted(by.items(), key=lambda item: (item[0][1], item[0][0]))
+            if len(t) >= 3
+        ]
+        return "; ".join(cells) or "none"
 
 
 def lengths_line(histogram: list[int]) -> str:
@@ -204,11 +250,22 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
     serving.alone(prompts)  # the truths the steered drafter proposes from
     cases = {"alone": lambda: serving.alone(prompts)}
     cases |= {f"tau {tau}": (lambda tau=tau: serving.speculative(prompts, tau)) for tau in args.taus}
+    # untimed warm-up of the cases that learn (the planners); pinned draft lengths have nothing to learn, and their
+    # calls are the same calls: they are timed from the first round
+    for case in cases.values():
+        case()
+    cases |= {
+        fixed(tau, k): (lambda tau=tau, k=k: serving.speculative(prompts, tau, k))
+        for tau in args.taus
+        for k in args.sweep
+    }
     walls: dict[str, list[float]] = {name: [] for name in cases}  # whole runs, prefill included
+    since = len(serving.target_log.calls), len(serving.draft_log.calls)
     rounds = harness.interleave(
-        cases, args.rounds, seed=args.seed, check=lambda name, _: walls[name].append(serving.wall)
+        cases, args.rounds, seed=args.seed, warmup=False, check=lambda name, _: walls[name].append(serving.wall)
     )
     harness.require_equal(rounds.outputs, "alone")
+    target_calls, draft_calls = serving.target_log.table(since[0]), serving.draft_log.table(since[1])
     decoded = n * (args.new_tokens - 1)  # the first token of each request comes from its prefill
     # one call per case and round there: more rounds than the runs take, or the yardstick is noisier than the runs
     repeats = max(3 * args.rounds, 9)
@@ -221,6 +278,17 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
           "both sides), and whole runs:")  # fmt: skip
     print(f"  target alone: {decoded / rounds.median('alone'):.2f} tokens/s decoding (median round), "
           f"{statistics.median(walls['alone']):.2f} s a run")  # fmt: skip
+    print(f"  timed calls (requests x rows, median, calls): target {target_calls}; draft {draft_calls}")
+    costs = serving.plans[args.taus[0]]  # the planners share their cost curves
+    priced = (1, 2, 4, 6, 8, 12, 16, 24, 32)
+    print(
+        "  the planner's priced calls now (rows: ms): target "
+        + ", ".join(f"{r}: {costs.target_cost(r) * 1e3:.0f}" for r in priced)
+        + "; draft "
+        + ", ".join(f"{r}: {costs.draft_cost(r) * 1e3:.0f}" for r in priced)
+        + f"; drift {costs.target_cost.drift:.2f} and {costs.draft_cost.drift:.2f}; host by requests: "
+        + ", ".join(f"{n}: {costs.host_costs(n)[0] * 1e3:.2f} + {costs.host_costs(n)[1] * 1e3:.2f} ms" for n in (1, 4))
+    )
     for tau in args.taus:
         name = f"tau {tau}"
         ratio = rounds.ratio("alone", name)
@@ -230,6 +298,8 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
             f"measured acceptance length {statistics.median(serving.acceptance[tau]):.2f}; draft lengths chosen "
             f"{lengths_line(serving.draft_lengths[tau])}"
         )
+        if args.sweep:
+            line += "\n    " + sweep_line(rounds, tau, args.sweep)
         if tau in figures:
             line += f"; implied by bench_cost_model {against(figures[tau], ratio.median, args.new_tokens - 1)}"
             row = figures[drawn[tau]]
@@ -238,6 +308,23 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
                 f"{against(row, ratio.median, args.new_tokens - 1)}"
             )
         print(line, flush=True)
+
+
+def fixed(tau: float, k: int) -> str:
+    """The case name of tau's steered draft with k pinned."""
+    return f"tau {tau} k={k}"
+
+
+def sweep_line(rounds: harness.Rounds, tau: float, ks: list[int]) -> str:
+    """Each pinned k's speed-up over the target alone, the best of them (by median), and the planner's speed over
+    that best k's, taken within each round (median and range)."""
+    speedups = {k: rounds.ratio("alone", fixed(tau, k)) for k in ks}
+    best = max(ks, key=lambda k: speedups[k].median)
+    each = ", ".join(f"k={k} {speedups[k].median:.2f}x" for k in ks)
+    return (
+        f"pinned: {each}; best pinned k={best} {speedups[best]}; planner / best pinned "
+        f"{rounds.ratio(fixed(tau, best), f'tau {tau}')}"
+    )
 
 
 def against(row: dict, delivered: float, tokens: int) -> str:
@@ -262,16 +349,38 @@ def drawn_tau(drafter: SteeredDrafter, truths: list[list[int]], args) -> float:
     return 1 + sum(a**j for j in range(1, bench_cost_model.FULL + 1))
 
 
-def against_genai(pipeline: Pipeline, genai_dir: Path, args, rng) -> None:
-    """The target alone (ovbuild) and GenAI's LLMPipeline on the same weights, one request, interleaved rounds."""
+def forget_checkpoints(root: Path) -> None:
+    """Drop the random checkpoints' pages from the page cache (posix_fadvise, these files only): written or read
+    once by the export, 9 GB of them stayed cached and pushed the mapped IR weights out while timing."""
+    for path in (root / "ckpt").rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def genai_process(args) -> None:
+    """The comparison with GenAI in a process of its own, before this one compiles anything: only the two targets it
+    compares in memory. Run last in this process, beside the draft pipeline and with GenAI's copy a third 4.5 GB
+    model on a 24 GB machine, it read ovbuild alone at 0.69x GenAI where a run on its own read 1.15x."""
+    keep = ["--workdir", args.workdir, "--weight-format", args.weight_format, "--seed", str(args.seed)]
+    keep += ["--inference-precision", args.inference_precision, "--rounds", str(args.rounds)]
+    keep += ["--new-tokens", str(args.new_tokens), "--prompt-tokens", str(args.prompt_tokens)]
+    subprocess.run([sys.executable, __file__, "--genai-only", *keep, *(["--smoke"] if args.smoke else [])], check=True)
+
+
+def against_genai(folders: dict[str, Path], args) -> None:
+    """The target alone (ovbuild) and GenAI's LLMPipeline on the same weights, one request, interleaved rounds after
+    a warm-up of each; major page faults while each side ran (weights read back from disk) are counted."""
     import openvino as ov
     import openvino_genai as genai
 
+    options = RuntimeOptions(target=ModelOptions("f16", args.inference_precision, 2048))
+    pipeline = Pipeline(folders["target"], None, options)
     props = {"INFERENCE_PRECISION_HINT": args.inference_precision, "KV_CACHE_PRECISION": "f16"}
-    llm = genai.LLMPipeline(str(genai_dir), "CPU", **props)
+    llm = genai.LLMPipeline(str(folders["genai"]), "CPU", **props)
     config = genai.GenerationConfig()
     config.max_new_tokens, config.ignore_eos = args.new_tokens, True
-    prompt = rng.integers(1000, 100000, args.prompt_tokens).tolist()
+    prompt = np.random.default_rng(args.seed).integers(1000, 100000, args.prompt_tokens).tolist()
 
     def ovbuild_alone() -> list[int]:
         # no prefix caching: LLMPipeline runs the whole prompt every call, and so must ovbuild for the same work
@@ -284,17 +393,35 @@ def against_genai(pipeline: Pipeline, genai_dir: Path, args, rng) -> None:
         ids = np.array([prompt], np.int64)  # [1, prompt tokens]; a mask of its own each call (GenAI reads it)
         return list(llm.generate(genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config).tokens[0])
 
-    seen: dict[str, list[list[int]]] = {"ovbuild alone": [], "GenAI LLMPipeline": []}
-    rounds = harness.interleave(
-        {"ovbuild alone": ovbuild_alone, "GenAI LLMPipeline": genai_llm},
-        args.rounds,
-        args.seed,
-        check=lambda name, tokens: seen[name].append(tokens),
-    )
+    faults: dict[str, int] = {"ovbuild alone": 0, "GenAI LLMPipeline": 0}
+
+    def counted(name: str, run: Callable[[], list[int]]) -> Callable[[], list[int]]:
+        def call() -> list[int]:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+            out = run()
+            faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
+            return out
+
+        return call
+
+    seen: dict[str, list[list[int]]] = {name: [] for name in faults}
+    cases = {"ovbuild alone": counted("ovbuild alone", ovbuild_alone)}
+    cases["GenAI LLMPipeline"] = counted("GenAI LLMPipeline", genai_llm)
+    for case in cases.values():  # a second warm-up (interleave makes one): first calls page the weights in
+        case()
+    warm = dict(faults)
+    rounds = harness.interleave(cases, args.rounds, args.seed, check=lambda name, tokens: seen[name].append(tokens))
     ratio = rounds.ratio("GenAI LLMPipeline", "ovbuild alone")
-    print(f"\ntarget alone against GenAI LLMPipeline, one request, {args.new_tokens} new tokens, {args.rounds} rounds:")
+    print(
+        f"\ntarget alone against GenAI LLMPipeline, one request, {args.new_tokens} new tokens, {args.rounds} rounds "
+        f"(a process of its own, both targets warmed up; {available_gb():.1f} GB of memory available):"
+    )
     for name in rounds.seconds:
-        print(f"  {name}: {args.new_tokens / rounds.median(name):.2f} tokens/s (median round)")
+        timed_faults = faults[name] - warm[name]
+        print(
+            f"  {name}: {args.new_tokens / rounds.median(name):.2f} tokens/s (median round); {timed_faults} major page "
+            "faults while timed"
+        )
     print(f"  ovbuild / GenAI speed {ratio}", flush=True)
     # Random weights make near-flat logits (top-2 gaps of a few hundredths), where the two runtimes' other attention
     # kernels can pick other tokens; whether each side at least repeats itself tells rounding from a defect.
@@ -304,6 +431,17 @@ def against_genai(pipeline: Pipeline, genai_dir: Path, args, rng) -> None:
         f"{alike(ours)}, GenAI {alike(theirs)}",
         flush=True,
     )
+
+
+def available_gb() -> float:
+    """MemAvailable of /proc/meminfo, in GB (nan where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("nan")
 
 
 def alike(outputs: list[list[int]]) -> str:
@@ -327,12 +465,21 @@ def main() -> None:
     parser.add_argument("--taus", default=",".join(map(str, PUBLISHED_TAUS)))
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument(
+        "--sweep", default="0,2,4,7,11,15", help="draft lengths pinned beside the planner at every tau ('' for none)"
+    )
     parser.add_argument("--no-genai", dest="genai", action="store_false")
+    parser.add_argument("--genai-only", action="store_true", help=argparse.SUPPRESS)  # the comparison's own process
     parser.add_argument("--no-cost-model", dest="cost_model", action="store_false")
     parser.add_argument("--prepare", action="store_true", help="only write and export the models into --workdir")
     parser.add_argument("--smoke", action="store_true", help="a small pair of the same vocabulary (checks the script)")
     args = parser.parse_args()
     args.taus = [float(t) for t in args.taus.split(",")]
+    args.sweep = [int(k) for k in args.sweep.split(",") if k]
+    if args.genai_only:
+        folders = prepare(Path(args.workdir), args.weight_format, True, args.smoke)
+        against_genai(folders, args)
+        return
     harness.start("bench_real_scale: Qwen3-4B-shaped target + z-lab/Qwen3-4B-DFlash-b16-shaped draft, random weights; "
           "ACCEPTANCE IS SET (SteeredDrafter), NOT EARNED")  # fmt: skip
     print(
@@ -344,6 +491,9 @@ def main() -> None:
     folders = prepare(Path(args.workdir), args.weight_format, args.genai, args.smoke)
     if args.prepare:
         return
+    forget_checkpoints(Path(args.workdir))
+    if args.genai:
+        genai_process(args)
     start_s = time.perf_counter()
     options = RuntimeOptions(
         target=ModelOptions("f16", args.inference_precision, 2048), draft=ModelOptions(*vars_of(FAST_DRAFT, 1024))
@@ -357,9 +507,6 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     for n in (int(x) for x in args.requests.split(",") if x):  # --requests "": only the comparison with GenAI
         run_concurrency(serving, n, args, rng)
-    if args.genai:
-        del serving
-        against_genai(pipeline, folders["genai"], args, rng)
 
 
 def vars_of(options: ModelOptions, cache_mb: float) -> tuple:

@@ -4,7 +4,13 @@ Prints tokens/s, mean acceptance length and where the time goes (target inferenc
 all measured side by side in one run. By default it uses the tiny random pair (which accepts little: it measures
 overhead); pass --target/--draft checkpoint folders (e.g. the shipped demo pair) for a real acceptance rate.
 
-    python bench/bench_runtime.py [--target CKPT --draft CKPT] [--new-tokens 64] [--rounds 3]
+`--losing` serves a pair where drafting loses: a random target of 6 layers and hidden 256 and its 2-layer draft (the
+target only three times the draft's depth), the draft steered (ovbuild.testing.steered) to be right at each position
+with chance 0.35 (mean acceptance length about 1.5). There no draft length pays, so the adaptive planner must run as
+fast as the target alone (within the A/A noise: the target alone twice per round); a pinned k = 3 shows what drafting
+would cost.
+
+    python bench/bench_runtime.py [--target CKPT --draft CKPT | --losing] [--new-tokens 64] [--rounds 3]
 
 With --structured it measures constrained decoding instead (docs/serve.md#structured-output): a JSON schema against
 no constraint at 1 and 16 requests, alone and with the draft, whose proposals are masked by the grammar (its best
@@ -47,21 +53,34 @@ from ovbuild.weights.checkpoint import Checkpoint
 
 import harness
 
+# --losing: the pair's widths and the steered draft's chance of being right at a position
+LOSING_TARGET = dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=4)
+LOSING_CHANCE = 0.35
+
 
 class Mode:
     """One side: a target (and draft) compiled once, with one planner across rounds (as a Pipeline keeps one: a new
-    one would calibrate in every round); each call serves all prompts as concurrent requests."""
+    one would calibrate in every round); each call serves all prompts as concurrent requests. steer: wrap the draft
+    in a SteeredDrafter right with this chance at each position (its truths set by `truths`); pinned: a fixed k."""
 
-    def __init__(self, target_model, draft_model, options: dict):
+    def __init__(self, target_model, draft_model, options: dict, steer: float | None = None, pinned: int | None = None):
         self.target = PagedModel(target_model, **options)
         self.drafter = BlockDrafter(draft_model, **options) if draft_model is not None else None
+        if self.drafter is not None and steer is not None:
+            vocab = self.target.vocab_size
+            self.drafter = SteeredDrafter(self.drafter, vocab, accept_chance=steer)
         spec = self.drafter and Speculation(self.drafter.max_candidates, self.drafter.candidate_offset)
-        self.speculation = spec
+        self.speculation, self.pinned = spec, pinned
+        self.truths: dict[tuple[int, ...], list[int]] = {}  # prompt -> prompt + the target alone's tokens
         self.metrics = None  # the last run's
 
     def __call__(self, prompts: list[list[int]], new_tokens: int) -> harness.Measured:
         scheduler = Scheduler(self.target, self.drafter, speculation=self.speculation)
-        requests = [scheduler.add_request(p, GenerationConfig(max_new_tokens=new_tokens)) for p in prompts]
+        config = GenerationConfig(max_new_tokens=new_tokens, num_assistant_tokens=self.pinned)
+        requests = [scheduler.add_request(p, config) for p in prompts]
+        if isinstance(self.drafter, SteeredDrafter):
+            for r, p in zip(requests, prompts, strict=True):
+                self.drafter.truths[r.id] = self.truths[tuple(p)]
         scheduler.run()
         self.metrics = scheduler.metrics
         return harness.Measured(scheduler.metrics.wall_s, [r.generated for r in requests])
@@ -75,6 +94,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-precision", default="u8")
     parser.add_argument("--inference-precision", default=None)
     parser.add_argument("--structured", action="store_true", help="constrained against free decoding (see above)")
+    parser.add_argument("--losing", action="store_true", help="a pair where drafting loses (see above)")
     harness.add_arguments(parser, rounds=3)
     args = parser.parse_args()
     if args.structured:
@@ -82,8 +102,12 @@ def main() -> None:
         return
     harness.start("Runtime: a target and draft pair, 1, 4 and 16 concurrent requests, with the draft and alone")
     with tempfile.TemporaryDirectory() as tmp:
-        target_dir = Path(args.target) if args.target else write_tiny_target(Path(tmp) / "t")
-        draft_dir = Path(args.draft) if args.draft else write_tiny_dflash(Path(tmp) / "d")
+        widths = LOSING_TARGET if args.losing else {}
+        hidden = widths.get("hidden_size", 64)
+        target_dir = Path(args.target) if args.target else write_tiny_target(Path(tmp) / "t", **widths)
+        draft_dir = (
+            Path(args.draft) if args.draft else write_tiny_dflash(Path(tmp) / "d", target_hidden_size=hidden, **widths)
+        )
         tcfg, tweights = load_target(Checkpoint.open(target_dir))
         dcfg, dweights = load_draft(Checkpoint.open(draft_dir))
         target_model = build_target(tcfg, tweights, dcfg.target_layer_ids)
@@ -95,13 +119,22 @@ def main() -> None:
             f"{dcfg.num_layers} layers, block {dcfg.block_size}; {args.new_tokens} new tokens per request"
         )
         header = (
-            f"{'requests':>8} {'mode':>7} {'tok/s':>8} {'speed-up (range)':>18} {'accept len':>10} {'steps':>6} "
-            f"{'target ms':>9} {'draft ms':>9} {'host ms':>8} {'host %':>6} {'host ms/step':>12}"
+            f"{'requests':>8} {'mode':>9} {'tok/s':>8} {'speed-up (range)':>18} {'accept len':>10} {'steps':>6} "
+            f"{'target ms':>9} {'draft ms':>9} {'host ms':>8} {'host %':>6} {'host ms/step':>12} {'drafted':>7}"
         )
+        if args.losing:
+            print(f"a pair where drafting loses: the draft right at each position with chance {LOSING_CHANCE}")
         print(header)
-        modes = {"alone": Mode(target_model, None, options), "draft": Mode(target_model, draft_model, options)}
+        steer = LOSING_CHANCE if args.losing else None
+        modes = {"alone": Mode(target_model, None, options), "draft": Mode(target_model, draft_model, options, steer)}
+        if args.losing:
+            modes["alone A/A"] = Mode(target_model, None, options)  # how far the machine moves a ratio by itself
+            modes["k=3"] = Mode(target_model, draft_model, options, steer, pinned=3)
         for n in (1, 4, 16):
             prompts = [rng.integers(0, min(tcfg.vocab_size, 256), 32).tolist() for _ in range(n)]
+            truths = modes["alone"](prompts, args.new_tokens).output
+            for mode in modes.values():
+                mode.truths = {tuple(p): [*p, *t] for p, t in zip(prompts, truths, strict=True)}
             cases = {name: functools.partial(mode, prompts, args.new_tokens) for name, mode in modes.items()}
             rounds = harness.interleave(cases, args.rounds, seed=args.seed + n)
             harness.require_equal(rounds.outputs, "alone")  # greedy speculative decoding is lossless
@@ -109,10 +142,10 @@ def main() -> None:
                 m = mode.metrics  # the last round's breakdown
                 tokens_per_s = n * args.new_tokens / rounds.median(name)
                 print(
-                    f"{n:>8} {name:>7} {tokens_per_s:>8.1f} {rounds.ratio('alone', name)!s:>18} "
+                    f"{n:>8} {name:>9} {tokens_per_s:>8.1f} {rounds.ratio('alone', name)!s:>18} "
                     f"{m.requests.mean_acceptance_length:>10.2f} {m.steps:>6} {m.target_infer_s * 1e3:>9.1f} "
                     f"{m.draft_infer_s * 1e3:>9.1f} {m.host_s * 1e3:>8.1f} {100 * m.host_s / m.wall_s:>5.1f}% "
-                    f"{m.host_s * 1e3 / m.steps:>12.3f}"
+                    f"{m.host_s * 1e3 / m.steps:>12.3f} {drafted_share(m):>7}"
                 )
 
 
@@ -229,6 +262,12 @@ def structured_main(args) -> None:
                     f"{m.requests.num_draft_tokens:>8} {m.requests.num_accepted_tokens:>8} "
                     f"{m.requests.mean_acceptance_length:>10.2f} {rows:>11} {per_row:>11} {per_token:>13}"
                 )
+
+
+def drafted_share(metrics) -> str:
+    """The share of decode steps that drafted (a pinned or planned k above 0); '-' for the target alone."""
+    histogram = metrics.requests.draft_length_histogram
+    return f"{1 - histogram[0] / sum(histogram):.0%}" if histogram and sum(histogram) else "-"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Call costs (ovbuild.runtime.speculation.call_cost): the curve a planner prices calls by, from measured calls."""
+"""Call costs (ovbuild.runtime.speculation.call_cost): the curve a planner prices calls by, from measured calls: a
+shape per row bucket times a drift that follows the machine."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import numpy as np
 import pytest
 
 from ovbuild.runtime.model.static_rows import padded_rows
-from ovbuild.runtime.speculation.call_cost import PHASE_CALLS, CallCost
+from ovbuild.runtime.speculation.call_cost import DRIFT_CLIP, DRIFT_RATE, FRESH_CALLS, CallCost
 
 
 def test_call_cost_interpolates_extrapolates_and_resists_spikes():
-    cost = CallCost()
+    """The shape alone (drift off): interpolated, extrapolated, each bucket its median call, made non-decreasing."""
+    cost = CallCost(drift_rate=0)
     cost.observe(1, 1.0)
     cost.observe(8, 2.0)
     assert cost(np.array([1, 4.5, 8, 15])) == pytest.approx([1.0, 1.5, 2.0, 3.0])
@@ -31,36 +33,74 @@ def test_call_cost_interpolates_extrapolates_and_resists_spikes():
     assert cost(1) < cost(4) <= cost(16)
 
 
-def test_call_cost_leaves_out_buckets_of_another_phase():
-    """Calls of one phase of a run (one request at a time) must not price the next (four at once): a bucket with no
-    call among the last PHASE_CALLS starts afresh at its next call and, below the current buckets, stays out of the
-    curve while two or more buckets are current."""
+def calibrated() -> CallCost:
+    """A cost calibrated at 1, 4, 8 and 16 rows: 0.4, 0.6, 0.72 and 1.09 s (a compute-bound Qwen3-4B-sized target)."""
     cost = CallCost()
-    for _ in range(3):  # the earlier phase: 4 rows looked dear
-        cost.observe(4, 9.0)
-    cost.observe(8, 9.5)
-    cost.observe(48, 20.0)  # and so did 48 rows, which no call of the next phase runs
-    for _ in range(PHASE_CALLS):
-        cost.observe(16, 4.0)
-        cost.observe(24, 5.0)
-    assert cost.outdated(4) and cost.outdated(8) and not cost.outdated(16)
-    assert cost(4) == pytest.approx(4.0), "the current buckets set the curve below them (flat below the first)"
-    assert cost(48) == pytest.approx(20.0), "an older bucket of more rows is kept: the current slope would say 8"
-    cost.observe(4, 2.0)
-    assert not cost.outdated(4) and cost(4) == pytest.approx(2.0), "the old 9.0 is gone, not pooled"
-    assert cost(8) == pytest.approx(2.0 + (4.0 - 2.0) * 4 / 12), "bucket 8, outdated, is left out"
+    for rows, seconds in ((1, 0.4), (4, 0.6), (8, 0.72), (16, 1.09)):
+        cost.observe(rows, seconds)
+    return cost
+
+
+def test_buckets_no_call_ran_lately_keep_their_place_in_the_curve():
+    """A planner that drafts 15 for many steps calls only 16 rows: the smaller buckets must keep their shape. Left
+    out of the curve (as buckets of 'another phase' were), every row count below 16 cost what 16 did, so drafting 7
+    looked no cheaper than drafting 15 and the planner kept drafting 15."""
+    cost = calibrated()
+    for _ in range(300):
+        cost.observe(16, 1.09)
+    assert cost(np.array([1, 8, 16])) == pytest.approx([0.4, 0.72, 1.09], rel=1e-6)
+
+
+def test_the_drift_follows_a_machine_that_slows_down_and_recovers():
+    """Calls of one row count at twice their time (other work on the machine): every row count's price follows
+    within about 15 calls, without a call of its own (priced so once a bucket's last call is FRESH_CALLS old), and
+    comes back when the machine does. Expected: each call moves
+    the drift by min(ratio, DRIFT_CLIP)^DRIFT_RATE, so the drift after n calls at ratio 2 is found by iterating that
+    map by hand, and a single spike moves it by at most DRIFT_CLIP^DRIFT_RATE."""
+    cost = calibrated()
+    drift = 1.0
+    for _ in range(FRESH_CALLS + 1):
+        cost.observe(16, 2 * 1.09)
+        drift *= min(2 / drift, DRIFT_CLIP) ** DRIFT_RATE
+    assert drift > 1.95 and cost.drift == pytest.approx(drift, rel=1e-9)
+    # buckets 1 and 8 had no call among the last FRESH_CALLS: priced at their calls times the drift since
+    assert cost(np.array([1, 8])) == pytest.approx([0.4 * drift, 0.72 * drift], rel=0.01)
+    assert cost(16) == pytest.approx(2 * 1.09), "a bucket with recent calls: their median, as it is"
+    for _ in range(40):
+        cost.observe(16, 1.09)
+    assert cost(8) == pytest.approx(0.72, rel=0.05), "back to the calibrated price once the machine is"
+    before = cost.drift
+    cost.observe(16, 50 * 1.09)  # one spike
+    assert cost.drift / before <= DRIFT_CLIP**DRIFT_RATE + 1e-12
+
+
+def test_a_draft_not_called_is_priced_at_the_machines_present_speed():
+    """The draft's cost follows the target's drift: a busy moment that made drafting dear while it drafted (and then
+    it stopped drafting, so no draft call moves its price) passes once the target's calls, made every step, run at
+    their old speed again."""
+    target = calibrated()
+    draft = CallCost(follows=target)
+    for rows, seconds in ((1, 0.03), (8, 0.1), (16, 0.26)):
+        draft.observe(rows, seconds)
+    for _ in range(30):  # a busy moment: both models' calls take twice as long
+        target.observe(16, 2 * 1.09)
+        draft.observe(8, 2 * 0.1)
+    assert draft(8) > 1.8 * 0.1
+    for _ in range(60):  # the machine is quiet again; nobody drafts
+        target.observe(1, 0.4)
+    assert draft(8) == pytest.approx(0.1, rel=0.1) and draft(16) == pytest.approx(0.26, rel=0.1)
 
 
 def test_a_call_is_kept_and_priced_at_the_rows_it_computes():
     """With static copies a call runs padded up to its copy's rows: 13 rows cost what 16 do. Kept as 13 rows, its time
     would land in the 12-row bucket, and 14 to 16 rows would look dearer than 13, where they are free."""
-    cost = CallCost(computed=padded_rows)
+    cost = CallCost(computed=padded_rows, drift_rate=0)
     cost.observe(12, 1.5)
     cost.observe(13, 2.0)  # ran in the 16-row copy
     cost.observe(24, 3.0)
     assert cost(np.array([12, 13, 14, 16])) == pytest.approx([1.5, 2.0, 2.0, 2.0])
     assert cost.fastest(15) == 2.0 and cost.fastest(11) == 1.5
-    plain = CallCost()
+    plain = CallCost(drift_rate=0)
     plain.observe(12, 1.5)
     plain.observe(13, 2.0)
     assert plain.seen.sum() == 1 and plain(12) == pytest.approx(1.5), "without copies: kept as requested (12 and 13)"

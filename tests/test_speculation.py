@@ -16,16 +16,19 @@ from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.call_cost import PHASE_CALLS, CallCost
 from ovbuild.runtime.speculation.drafters import BlockDrafter
+from ovbuild.runtime.speculation.drafters.base import DraftItem
 from ovbuild.runtime.speculation.planner import (
+    CALIBRATION_ROWS,
     CATCH_UP_STEPS,
     DRAFT_MARGIN,
+    IDLE_DECAY,
     MAX_PLAN_BACKOFF,
     REPLAN_AFTER_CHANGE,
     AcceptanceStats,
     Speculation,
 )
 from ovbuild.testing import TINY_TARGET
-from ovbuild.testing.planner import fixed_cost, fixed_speculation
+from ovbuild.testing.planner import fixed_cost, fixed_curve, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
 
 F32 = dict(kv_cache_precision="f32")
@@ -281,8 +284,27 @@ def test_the_host_time_of_a_drafting_step_is_charged_to_drafting():
     assert spec.host_s == pytest.approx(1e-4) and spec.draft_host_s == pytest.approx(3e-4)
     free = [(stats([0.5] * 7), 7)]  # a request whose draft is right half the time
     assert spec.plan(free, 1, 0, 0, False)[0] > 0  # 0.3 ms more host per drafting step: drafting still pays
-    spec.draft_host_s = 2e-3  # a drafting step's host time costs more than its expected extra token saves
+    for _ in range(100):  # a drafting step's host time now costs more than its expected extra token saves
+        spec.observe_host(2.5e-3, drafted=True)
     assert spec.plan(free, 1, 0, 0, False) == [0]
+
+
+def test_host_time_is_kept_by_the_requests_in_a_step():
+    """Host time grows with the requests in a step: a plan is charged what steps of about as many requests spent
+    (the nearest count measured), so a burst's host time is not charged to single requests after it."""
+    spec = Speculation(7, 1, fixed_cost(1e-3, 1e-5), fixed_cost(2e-4, 1e-5))
+    for _ in range(60):
+        spec.observe_host(1e-4, drafted=False, requests=1)
+        spec.observe_host(2e-4, drafted=True, requests=1)
+        spec.observe_host(1e-3, drafted=False, requests=8)
+        spec.observe_host(3e-3, drafted=True, requests=8)
+    assert spec.host_costs(1) == pytest.approx((1e-4, 1e-4))
+    assert spec.host_costs(8) == pytest.approx((1e-3, 2e-3)) == spec.host_costs(6)  # 6 is nearer 8 than 1 (log)
+    assert spec.host_costs(2) == pytest.approx((1e-4, 1e-4))
+    # a plan of one request is charged 0.1 ms of extra host for drafting, not the 8-request steps' 2 ms: it drafts
+    free = [(stats([0.5] * 7), 7)]
+    assert spec.plan(free, 1, 0, 0, False, requests=1)[0] > 0
+    assert spec.plan(free, 1, 0, 0, False, requests=8) == [0]
 
 
 def test_a_draft_call_that_promises_less_than_the_margin_is_not_made():
@@ -401,3 +423,151 @@ def test_plans_fill_the_copy_their_verification_runs_in():
             plans.append(sum(spec.plan([(s, 7) for s in stats], 4, 0, 0, False)) + 4)  # the call's rows
     assert all(rows in COPY_ROWS for rows in filled), filled
     assert any(rows not in COPY_ROWS for rows in unfilled), f"the control plans filled their copies too: {unfilled}"
+
+
+# Measured on a 2-core AVX2-only EPYC (docs/speed.md): a Qwen3-4B-shaped target with int8 weights, compute-bound from
+# a few rows on, and its z-lab-shaped draft (seconds by rows). Between the rows given, costs are linear.
+AVX2_TARGET = {1: 0.400, 4: 0.594, 8: 0.725, 12: 0.912, 16: 1.090, 24: 1.5}
+AVX2_DRAFT = {1: 0.030, 6: 0.061, 16: 0.260, 24: 0.380}
+
+
+def known(rates: list[float], weight: float = 1e9) -> AcceptanceStats:
+    """A request (or run) that accepted position j at rates[j], seen so often that the estimate is rates[j]."""
+    return stats(rates, weight)
+
+
+def exact_planner(positions: int, target: dict, draft: dict) -> Speculation:
+    """A planner with fixed cost curves, no host time, and a run-wide record so heavy that its estimates carry
+    no optimism: what it plans is the best plan of the formula, nothing else."""
+    spec = Speculation(positions, 1, fixed_curve(target), fixed_curve(draft), learn_host=False)
+    spec.run = known([0.5] * positions)
+    return spec
+
+
+def test_the_plan_takes_the_draft_length_of_most_tokens_per_second():
+    """One request, acceptance a = 0.831 at every position (tau 5.6 over a block of 16), the AVX2 CPU's curves. By
+    hand, tokens(k) = 1 + a + ... + a^k over T(k + 1) + D(k + 1) seconds (the draft runs a block of k + 1 rows):
+    k = 6: 4.298 tokens in 0.725 + 0.048 = 0.773 s = 5.56 tokens/s; k = 7: 4.572 in 0.826 s = 5.54; k = 15: 5.611 in
+    1.090 + 0.260 = 1.350 s = 4.16; k = 0: 1 in 0.4 s = 2.5. The planner must take k = 6, not the full block."""
+    a = 0.831
+    spec = exact_planner(15, AVX2_TARGET, AVX2_DRAFT)
+    spec.run = known([a] * 15)
+    (k,) = spec.plan([(known([a] * 15), 15)], 1, 0, 0, False)
+
+    def rate(k: int) -> float:  # the formula above, written out
+        tokens = sum(a**j for j in range(k + 1))
+        target = np.interp(k + 1, list(AVX2_TARGET), list(AVX2_TARGET.values()))
+        draft = np.interp(k + 1, list(AVX2_DRAFT), list(AVX2_DRAFT.values())) if k else 0.0
+        return float(tokens / (target + draft))
+
+    assert [round(rate(k), 2) for k in (0, 6, 7, 15)] == [2.5, 5.56, 5.54, 4.16]
+    assert k == 6, f"planned k = {k} ({rate(k):.3f} tokens/s), best k = 6 ({rate(6):.3f})"
+
+
+def batch_rate(rates: list[float], ks: tuple[int, ...], target: dict, draft: dict) -> float:
+    """Modelled tokens per second of one step where request i, accepting each position at rates[i], drafts ks[i]:
+    one verification call of every request's 1 + k rows, one draft call of every drafting request's k + 1 rows."""
+    tokens = sum(sum(a**j for j in range(k + 1)) for a, k in zip(rates, ks, strict=True))
+    seconds = np.interp(sum(1 + k for k in ks), list(target), list(target.values()))
+    if any(ks):
+        seconds += np.interp(sum(k + 1 for k in ks if k), list(draft), list(draft.values()))
+    return float(tokens / seconds)
+
+
+def test_a_batch_plan_is_the_best_joint_plan():
+    """Four requests at once, each request's k chosen jointly: drafting for one costs all of them a wider
+    verification. The plan's modelled speed is the best over every combination of k = 0..5 per request, brute force
+    written out here (batch_rate), within 1% (the planner's order ignores that a request's first proposal costs one
+    more draft row)."""
+    rates = [0.831, 0.9, 0.6, 0.831]
+    spec = exact_planner(5, AVX2_TARGET, AVX2_DRAFT)
+    chosen = spec.plan([(known([a] * 5), 5) for a in rates], 4, 0, 0, False)
+    best = max(itertools.product(range(6), repeat=4), key=lambda ks: batch_rate(rates, ks, AVX2_TARGET, AVX2_DRAFT))
+    got, top = (batch_rate(rates, tuple(ks), AVX2_TARGET, AVX2_DRAFT) for ks in (chosen, best))
+    assert got >= 0.99 * top, f"planned {chosen}: {got:.3f} tokens/s, best {best}: {top:.3f}"
+    assert got > 1.05 * batch_rate(rates, (0, 0, 0, 0), AVX2_TARGET, AVX2_DRAFT)
+
+
+def test_a_request_that_misses_does_not_widen_everyones_verification():
+    """Two requests, one whose draft is right 90% of the time and one right 10%: every verification row costs the
+    whole batch (a compute-bound target: 40 ms a row over 0.4 s a call). By hand, the second request's first proposal
+    brings 0.1 tokens for 40 ms more of a step of about 1 s with 7 tokens in it (7 tokens/s): 2.5 tokens/s at the
+    margin, less than the step's own rate, so it drafts 0, while the first drafts; with both at 10% nobody drafts
+    (and there is no draft call)."""
+    target = {1: 0.4, 2: 0.44, 4: 0.52, 8: 0.68, 16: 1.0, 24: 1.32}
+    draft = {1: 0.01, 16: 0.04, 24: 0.06}
+    spec = exact_planner(7, target, draft)
+    good, poor = known([0.9] * 7), known([0.1] * 7)
+    ks = spec.plan([(good, 7), (poor, 7)], 2, 0, 0, False)
+    assert ks[0] > 0 and ks[1] == 0, ks
+    best = max(itertools.product(range(8), repeat=2), key=lambda k: batch_rate([0.9, 0.1], k, target, draft))
+    assert best[1] == 0 and tuple(ks) == best, (ks, best)
+    assert spec.plan([(poor, 7), (poor, 7)], 2, 0, 0, False) == [0, 0]
+
+
+def test_drafting_stops_when_it_loses_and_comes_back_when_acceptance_recovers():
+    """A request whose draft is wrong at every proposal for 60 steps, then right at every one: the planner stops
+    drafting (after a few tries while the evidence is thin), and once the draft is right again it drafts again
+    within 120 steps, though it learns acceptance only from the steps it drafts in: its own record and the run's fade
+    while nobody drafts (IDLE_DECAY, RUN_IDLE_DECAY), back towards an optimistic prior, until a plan tries again.
+    Costs: the AVX2 CPU's (drafting 6 at 0.831 is 2.2x not drafting)."""
+    spec = exact_planner(15, AVX2_TARGET, AVX2_DRAFT)
+    spec.run = spec.run.empty(15)  # nothing seen yet: the prior
+    request = spec.new_stats()
+    drafted = []
+    for step in range(300):
+        right = step >= 60
+        request.settle(IDLE_DECAY)
+        (k,) = spec.plan([(request, 15)], 1, 0, 0, False)
+        if k:
+            spec.record(request, k, k if right else 0)
+        else:
+            request.idle_steps += 1
+            spec.age(1)
+        drafted.append(k)
+    wrong, right = drafted[:60], drafted[60:]
+    # tried while the evidence is thin, then rarely: a retry now and then is what lets it find out (bounded: 3 steps)
+    assert sum(map(bool, wrong[:10])) >= 1 and sum(map(bool, wrong[10:])) <= 3, f"while wrong it drafted {wrong}"
+    back = next((i for i, k in enumerate(right) if k), None)
+    print(f"drafted while wrong: {wrong}; after: {right}")
+    assert back is not None and back < 120, f"after the draft was right again it drafted first at step {back}"
+    assert all(k >= 4 for k in right[back + 10 :]), f"once back, it kept drafting: {right[back:]}"
+
+
+def test_a_padded_draft_call_is_kept_at_the_rows_it_computed(models):
+    """A draft without static copies runs a call of fewer rows than the recent ones padded up to their row count
+    (ovbuild.runtime.model.padding): its time is that of the padded rows, and the cost curve keeps it there
+    (Drafter.rows_run), else calls of few rows after many looked as dear as many rows. Scheduler's draft calls and
+    the calibration's both go through it."""
+    _, draft_model = models
+    drafter = BlockDrafter(draft_model, static_rows=False, **F32)
+    assert drafter.model.static is None
+
+    def call(context_rows: int, k: int) -> None:
+        context = np.zeros((context_rows, drafter.tap_width), np.float32)
+        drafter.propose([DraftItem(7, context, 0, k)])
+        drafter.free(7)
+
+    for _ in range(3):
+        call(14, 7)  # 14 + 8 = 22 rows, steady: unpadded
+    assert drafter.rows_run(22) == 22
+    call(6, 3)  # 6 + 4 = 10 rows, after calls of 22: padded
+    ran = drafter.rows_run(10)
+    assert ran > 22, f"a 10-row call after 22-row ones ran {ran} rows"
+    steered = SteeredDrafter(drafter, TINY_TARGET["vocab_size"])
+    assert steered.rows_run(10) == ran
+
+    spec = Speculation(drafter.max_candidates, drafter.candidate_offset)
+    seen = []
+    drafter.rows_run = lambda rows: seen.append(rows) or 40  # as if every call had run padded to 40 rows
+    spec.calibrate(lambda rows: 1e-3, lambda rows: 1e-4 * rows, drafter.rows_run)
+    assert seen == list(CALIBRATION_ROWS) and spec.draft_cost.seen.sum() == 1, "every call kept at the 40 rows run"
+    # the scheduler's draft calls too
+    target_model, _ = models
+    spec = Speculation(drafter.max_candidates, drafter.candidate_offset)
+    spec.calibration_tried = True  # no timed calls: every observation comes from the scheduler's calls
+    scheduler = Scheduler(PagedModel(target_model, **F32), drafter, speculation=spec)
+    scheduler.add_request(list(range(40, 50)), GenerationConfig(8, num_assistant_tokens=3))
+    scheduler.run()
+    kept = {rows for calls in spec.draft_cost.recent for rows, _ in calls}
+    assert kept == {40}, f"the scheduler's draft calls were kept at {kept} rows"

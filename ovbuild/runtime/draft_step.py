@@ -128,6 +128,7 @@ class DraftPlanner:
                 context,
                 flush,
                 [r.gap for r, _ in free],
+                len(live),
             )
             for (request, longest), k in zip(free, chosen, strict=True):
                 lengths[request.id] = k
@@ -233,7 +234,7 @@ class DraftStep:
         block_rows = self.planner.block_rows
         rows = sum(_context_rows(i) + (block_rows(i.num_tokens) if i.anchor is not None else 0) for i in items)
         if self.drafter.compile_s == compiled:  # else a one-off (see Scheduler.execute)
-            self.speculation.draft_cost.observe(rows, seconds)
+            self.speculation.draft_cost.observe(self.drafter.rows_run(rows), seconds)
         cache = self.drafter.cache_manager
         for request, proposal, (start, end) in zip(owners, proposals, spans, strict=True):
             request.proposal = allowed_proposal(request, proposal)

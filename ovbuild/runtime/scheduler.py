@@ -173,7 +173,7 @@ class Scheduler(Admission, Verification):
             # first steps' plans saw ~200 ms of host per step, next to which any draft call looked free (a 16-request
             # first run drafted full blocks at 0.42x the target alone).
             host = wall - self._call_s - (self.metrics.calibration_s - calibration)
-            self.speculation.observe_host(host, self._drafted)
+            self.speculation.observe_host(host, self._drafted, len(self.running) + len(done))
         return done
 
     def schedule(self) -> StepPlan:

@@ -16,6 +16,15 @@ def fixed_cost(seconds_per_call: float, seconds_per_row: float) -> CallCost:
     return cost
 
 
+def fixed_curve(seconds_by_rows: dict[int, float]) -> CallCost:
+    """A cost model that knows these calls (rows: seconds, rows among call_cost.BUCKETS) and that calls do not move:
+    linear between them."""
+    cost = CallCost(window=0)
+    for rows, seconds in sorted(seconds_by_rows.items()):
+        cost.observe(rows, seconds)
+    return cost
+
+
 def fixed_speculation(
     drafter: Drafter | None,
     target: tuple[float, float] = (1e-3, 1e-5),

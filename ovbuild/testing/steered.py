@@ -88,6 +88,12 @@ class SteeredDrafter(Drafter):
     def describe(self) -> str:
         return self.inner.describe()
 
+    def computed_rows(self, rows: int) -> int:
+        return self.inner.computed_rows(rows)
+
+    def rows_run(self, rows: int) -> int:
+        return self.inner.rows_run(rows)
+
     def propose(self, items: list[DraftItem]) -> list[Proposal]:
         self.calls += 1
         real = self.inner.propose(items)

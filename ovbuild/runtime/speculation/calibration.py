@@ -57,21 +57,24 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
         context = np.zeros((context_rows, drafter.tap_width), np.float32) if context_rows else None
         item = DraftItem(SCRATCH, context, 0 if k > 0 else None, max(k, 0))
         seconds = timed(lambda: drafter.propose([item]))
+        ran[rows] = drafter.rows_run(rows)  # a draft without copies runs its calls padded (Drafter.rows_run)
         drafter.free(SCRATCH)
         return seconds
 
     timings: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+    ran: dict[int, int] = {}  # draft rows asked -> rows the call computed
     try:
         if cache is not None and cache.restore(speculation, target_call, draft_call):
             return
-        speculation.calibrate(_kept(target_call, timings["target"]), _kept(draft_call, timings["draft"]))
+        time_target, time_draft = _kept(target_call, timings["target"]), _kept(draft_call, timings["draft"])
+        speculation.calibrate(time_target, time_draft, lambda rows: ran.get(rows, rows))
     except CacheExhaustedError:
         return
     finally:
         target.free(SCRATCH)
         drafter.free(SCRATCH)
     if cache is not None:
-        cache.save(timings)
+        cache.save(timings, ran)
 
 
 def _kept(time_call: Callable[[int], float], fastest: dict[int, float]) -> Callable[[int], float]:
@@ -88,7 +91,7 @@ def _kept(time_call: Callable[[int], float], fastest: dict[int, float]) -> Calla
 CHECK_ROWS = 8  # the draft call timed to tell whether a kept calibration still holds (a block of 8 rows)
 STALE_FACTOR = 1.5  # a kept time this many times off the one measured now is stale
 CACHE_ENV = "OVBUILD_CACHE_DIR"
-CACHE_VERSION = 2  # raised when what is stored, or how it is timed, changes
+CACHE_VERSION = 3  # raised when what is stored, or how it is timed, changes
 
 
 def cache_dir() -> Path:
@@ -170,15 +173,18 @@ class CalibrationCache:
             now = min(time_call(rows) for _ in range(2))
             if not kept / STALE_FACTOR <= now <= kept * STALE_FACTOR:
                 return False
-        for cost, table in zip((speculation.target_cost, speculation.draft_cost), tables, strict=True):
-            for rows, seconds in table:
-                cost.observe(rows, seconds)
+        ran = {int(rows): int(run) for rows, run in stored.get("draft_rows_run", [])}
+        for rows, seconds in tables[0]:
+            speculation.target_cost.observe(rows, seconds)
+        for rows, seconds in tables[1]:
+            speculation.draft_cost.observe(ran.get(rows, rows), seconds)
         return True
 
-    def save(self, timings: dict[str, dict[int, float]]) -> None:
-        """Keep a calibration's timings (written to a temporary file, then moved into place; a cache that cannot
-        be written is only a missed saving, never an error)."""
-        stored = {name: sorted(table.items()) for name, table in timings.items()}
+    def save(self, timings: dict[str, dict[int, float]], draft_rows_run: dict[int, int] | None = None) -> None:
+        """Keep a calibration's timings and the rows each draft call computed (written to a temporary file, then
+        moved into place; a cache that cannot be written is only a missed saving, never an error)."""
+        stored: dict[str, list] = {name: sorted(table.items()) for name, table in timings.items()}
+        stored["draft_rows_run"] = sorted((draft_rows_run or {}).items())
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             partial = self.path.with_suffix(f".{os.getpid()}.tmp")

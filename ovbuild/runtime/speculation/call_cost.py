@@ -19,50 +19,90 @@ def bucket(rows: int) -> int:
     return bisect.bisect_left(_BUCKET_EDGES, rows)
 
 
-# A row bucket without a call among its model's last PHASE_CALLS calls describes another phase of the run (one request
-# at a time, then four at once; a busy machine, then a quiet one): its next call starts it afresh, and while two or more
-# buckets have recent calls the curve is fitted to those and to older ones of more rows
-# (ovbuild.runtime.speculation.planner also times an outdated plain step before drafting against it).
+# A row bucket without a call among its model's last PHASE_CALLS calls is outdated: the planner times an outdated plain
+# step before drafting against it (ovbuild.runtime.speculation.planner). It stays in the curve, scaled by the drift.
 PHASE_CALLS = 128
+# How fast the drift follows the calls: each call moves it by this share of the log of (its time / its bucket's
+# reference at today's drift), that ratio clipped to DRIFT_CLIP either way, so one spike moves every price by at most
+# 1.5^0.15 = 6%, while a machine that got twice as slow (other work, heat) is followed within about 15 calls.
+DRIFT_RATE = 0.15
+# A bucket with a call among its model's last FRESH_CALLS calls (a draft's: its own and the target's) is priced at its
+# own calls' median as it is: the drift is measured against references that may come from another moment (a calibration
+# kept from a busy run), and scaling such buckets by it priced the 16-row calls of a Qwen3-4B-sized pair 11% (target)
+# and 38% (draft) under their own median, which leans towards long drafts.
+FRESH_CALLS = 32
+DRIFT_CLIP = 1.5
 
 
 class CallCost:
-    """Seconds one call takes as a function of its rows. Per row bucket: the median of the recent calls (robust to a
-    shared machine's spikes; of an even count the lower middle one, so that a bucket of two calls, one of them a
-    spike, is not set by the spike: on the demo pair a 4-row bucket of 3.6 and 10.4 ms made 4 target rows look as
-    dear as 12, and 4 requests at once drafted in every step); made non-decreasing in rows by pooling neighbouring
-    buckets that disagree, each weighted by its calls; interpolated between buckets, extrapolated linearly beyond the
-    last; buckets of another phase of the run left out (PHASE_CALLS).
+    """Seconds one call takes as a function of its rows, kept per row bucket, and a drift: how much slower or faster
+    than at the calibration the machine runs now.
 
-    The median, not a low quantile, and pooling, not capping each bucket by the larger ones: a lucky fast call in the
-    8-row bucket used to flatten the whole curve, so that 8 verification rows looked as cheap as 1 and the demo pair
-    drafted full blocks where 4 tokens were measured faster."""
+    Per bucket: the median of its recent calls (robust to a shared machine's spikes; of an even count the lower middle
+    one, so that a bucket of two calls, one of them a spike, is not set by the spike), times the drift since the
+    bucket's last call when that is older than FRESH_CALLS calls: a bucket no recent call ran is priced at today's
+    speed, not at that of the moment it was last called. Made non-decreasing in rows by pooling neighbouring buckets
+    that disagree, each weighted by its calls;
+    interpolated between buckets, extrapolated linearly beyond the last. Every bucket ever seen stays in the curve:
+    leaving out the buckets of another phase of the run (as this did until the drift replaced it) priced every row
+    count below the current ones at the smallest current one, so that a planner drafting 15 saw 8 rows cost as much
+    as 16 and kept drafting 15.
 
-    def __init__(self, window: int = 16, computed: Callable[[int], int] | None = None):
-        """window: recent calls kept per bucket (0: keep the first one seen, for fixed costs in tests); computed: the
-        rows a call of any row count computes (a static copy's row count, PagedModel.computed_rows), by which calls are
-        kept and priced: a 13-row call runs in the 16-row copy, and kept as 13 rows (the 12-row bucket) it made 13
-        rows look dearer than 12 and 14 to 16 rows dearer than 13, where they are free."""
-        self.window = window
+    The drift: each call's time over its bucket's reference (its first call, at the drift of then: the calibration's
+    for the calibrated buckets), folded into a running factor (DRIFT_RATE, DRIFT_CLIP). Measured against a fixed
+    reference, not the bucket's own median, which the calls themselves move. `follows`: another model's cost (the
+    draft's follows the target's); the drift is then this one's own times that one's, so a draft that is not called
+    while nobody drafts is priced at the machine's present speed, not at that of a busy moment that made drafting
+    look dear."""
+
+    def __init__(
+        self,
+        window: int = 16,
+        computed: Callable[[int], int] | None = None,
+        follows: CallCost | None = None,
+        drift_rate: float = DRIFT_RATE,
+    ):
+        """window: recent calls kept per bucket (0: keep the first one seen and never drift, for fixed costs in
+        tests); computed: the rows a call of any row count computes (a static copy's row count,
+        PagedModel.computed_rows), by which calls are kept and priced: a 13-row call runs in the 16-row copy, and kept
+        as 13 rows (the 12-row bucket) it made 13 rows look dearer than 12 and 14 to 16 rows dearer than 13, where
+        they are free; follows: the cost whose drift this one's is relative to; drift_rate: DRIFT_RATE (0: the
+        drift stays 1)."""
+        self.window, self.drift_rate = window, drift_rate
         self.computed = computed
+        self.follows = follows
         # computed for every row count up to the largest bucket, looked up: a plan prices about 30 row counts per
         # curve, and calling `computed` for each made a 4-request plan 1.4x as long (63 against 45 us)
         self._computed = None if computed is None else np.array([computed(r) for r in range(int(BUCKETS[-1]) + 1)])
         self.recent: list[list[tuple[int, float]]] = [[] for _ in BUCKETS]
-        self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's estimate
+        self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's median call
         self.seconds = np.zeros(len(BUCKETS))
         self.seen = np.zeros(len(BUCKETS), bool)
+        self.reference = np.zeros(len(BUCKETS))  # each bucket's first call, over the drift of then
+        self.drift_then = np.ones(len(BUCKETS))  # the drift at each bucket's last call
+        self.clock_then = np.zeros(len(BUCKETS), np.int64)  # and the clock
+        self.own_drift = 1.0  # this model's drift (relative to `follows`' when it follows one)
         self.calls = 0  # calls observed so far, and the count at each bucket's last one
         self.last = np.zeros(len(BUCKETS), np.int64)
         self._stale: set[int] = set()  # buckets with calls not yet in their median (taken when a plan asks)
-        self._fit: tuple[np.ndarray, np.ndarray] | None = None  # (rows, seconds) of the monotone curve, when current
+        self._fit: tuple[np.ndarray, np.ndarray, float] | None = None  # (rows, seconds, drift) of the monotone curve
 
     @property
     def calibrated(self) -> bool:
         return int(self.seen.sum()) >= 2
 
+    @property
+    def clock(self) -> int:
+        """Calls of this model and of the one it follows: a follower's bucket ages while only the other one runs."""
+        return self.calls + (self.follows.clock if self.follows is not None else 0)
+
+    @property
+    def drift(self) -> float:
+        """How many times its calibration's time a call takes now (the followed model's drift included)."""
+        return self.own_drift * (self.follows.drift if self.follows is not None else 1.0)
+
     def observe(self, rows: int, seconds: float) -> None:
-        """Fold one call's time into the bucket nearest its row count."""
+        """Fold one call's time into the drift and into the bucket nearest its row count."""
         if rows <= 0:
             return
         rows = self._rows(rows)
@@ -70,12 +110,17 @@ class CallCost:
         recent = self.recent[b]  # plain Python: every model call lands here, right after it (cold caches)
         if not recent:
             self.seen[b] = True
+            self.reference[b] = seconds / self.drift
         elif self.window == 0:
             return
+        elif self.drift_rate and seconds > 0:
+            expected = float(self.reference[b]) * self.drift
+            ratio = min(max(seconds / expected, 1 / DRIFT_CLIP), DRIFT_CLIP) if expected > 0 else 1.0
+            self.own_drift *= ratio**self.drift_rate
         self.calls += 1
-        if self.calls - self.last[b] > PHASE_CALLS:
-            recent.clear()  # its calls are from another phase of the run
         self.last[b] = self.calls
+        self.drift_then[b] = self.drift
+        self.clock_then[b] = self.clock
         recent.append((rows, seconds))
         if len(recent) > max(self.window, 1):
             del recent[0]
@@ -98,26 +143,23 @@ class CallCost:
         return rows if table is None or rows >= len(table) else int(table[rows])
 
     def __call__(self, rows: np.ndarray | int) -> np.ndarray:
-        """Predicted seconds for calls of `rows` rows: [N] -> [N]."""
-        if self._fit is None:
+        """Predicted seconds for calls of `rows` rows now: [N] -> [N]."""
+        drift = self.drift
+        if self._fit is None or self._fit[2] != drift:
             for b in self._stale:
                 recent = self.recent[b]
                 middle = (len(recent) - 1) // 2  # the median call; of an even count the lower middle one
                 self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[middle]
             self._stale.clear()
-            current = self.seen & (self.calls - self.last <= PHASE_CALLS) if self.window else self.seen
-            # outdated buckets above the current ones stay: without them the curve would extend the current ones'
-            # slope to row counts no recent call ran (16 requests at once, not drafting, then priced their
-            # verification rows from 12 and 16 rows alone, and drafted at 0.86x)
-            use = self.seen
-            if current.sum() >= 2:
-                use = self.seen & (current | (BUCKETS[current].max() < BUCKETS))
-            calls = np.array([len(r) for r in self.recent], np.float64)[use]
-            self._fit = self.rows[use], _monotone(self.seconds[use], np.maximum(calls, 1))
+            calls = np.array([len(r) for r in self.recent], np.float64)[self.seen]
+            # a bucket with recent calls at their median; one without, at today's speed (the drift since its last)
+            fresh = (self.clock - self.clock_then[self.seen]) <= FRESH_CALLS
+            now = self.seconds[self.seen] * np.where(fresh, 1.0, drift / self.drift_then[self.seen])
+            self._fit = self.rows[self.seen], _monotone(now, np.maximum(calls, 1)), drift
         if self._computed is not None:
             rows = np.asarray(rows, np.int64)
             rows = np.where(rows < len(self._computed), self._computed[np.minimum(rows, len(self._computed) - 1)], rows)
-        x, y = self._fit  # buckets in increasing rows
+        x, y, _ = self._fit  # buckets in increasing rows
         if len(x) == 0:
             return np.zeros(np.shape(rows))
         if len(x) == 1:

@@ -9,9 +9,10 @@ where tokens(k) = sum over requests of 1 + r (s_1 + ... + s_k) (s_j: the chance 
 accepted, from that request's observed acceptance per position, shrunk towards the run's, which is taken one standard
 error optimistic so that early misses do not stop drafting for good and fades while nobody drafts; r, the realism:
 tokens accepted per token the plans expected without that optimism, see REALISM_PRIOR), and the call times are
-measured as a function of the rows a call computes (a static copy's, padding included;
-ovbuild.runtime.speculation.call_cost: calibrated once, then updated from every call); host time is measured apart for
-steps with and without a draft call. The draft works for the rows it runs: a request drafting k tokens costs k + 1
+measured as a function of the rows a call computes (a static copy's or a padded call's, padding included;
+ovbuild.runtime.speculation.call_cost: a shape calibrated once per pair and machine, refined by every call, times a
+drift that follows the machine's speed call by call); host time is measured apart for steps with and without a draft
+call, by the requests in the step. The draft works for the rows it runs: a request drafting k tokens costs k + 1
 target rows and k + candidate_offset draft rows (the drafter runs a block of that length). A draft call also carries
 every request's pending context rows: as many as the step commits are charged in full (each call of a drafting streak
 carries the step before's), and a backlog beyond them (taps piled up while nobody drafted, a gap's) serves every later
@@ -26,6 +27,7 @@ candidate offset 0; with offset 1 a request's first proposal costs one more draf
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +147,9 @@ class Speculation:
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
+    # host seconds of steps without and with a draft call, by the requests in the step (EMA each)
+    _host_plain: dict[int, float] = field(init=False, default_factory=dict)
+    _host_drafting: dict[int, float] = field(init=False, default_factory=dict)
     # survival's run-wide terms (optimistic, plain), until a record or aging moves them
     _run_estimate: tuple[list[float], list[float]] | None = field(init=False, default=None)
     # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
@@ -153,6 +158,10 @@ class Speculation:
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
+        if self.draft_cost.follows is None and self.draft_cost is not self.target_cost:
+            # both models run on the same cores: the target's calls, made every step, tell how fast the machine is
+            # now, while the draft is called only when drafting (CallCost.follows)
+            self.draft_cost.follows = self.target_cost
 
     @classmethod
     def for_pair(cls, target: PagedModel, drafter: Drafter) -> Speculation:
@@ -168,14 +177,21 @@ class Speculation:
     def calibrated(self) -> bool:
         return self.target_cost.calibrated and self.draft_cost.calibrated
 
-    def calibrate(self, time_target: Callable[[int], float], time_draft: Callable[[int], float]) -> None:
-        """Time calls of a few row counts on each model (the best of three each)."""
+    def calibrate(
+        self,
+        time_target: Callable[[int], float],
+        time_draft: Callable[[int], float],
+        draft_rows_run: Callable[[int], int] | None = None,
+    ) -> None:
+        """Time calls of a few row counts on each model (the best of three each); draft_rows_run: the rows a draft
+        call of so many rows computed, padding included (Drafter.rows_run), where its time is kept."""
         for rows in CALIBRATION_ROWS:
             self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
-            self.draft_cost.observe(rows, min(time_draft(rows) for _ in range(3)))
+            seconds = min(time_draft(rows) for _ in range(3))
+            self.draft_cost.observe(draft_rows_run(rows) if draft_rows_run else rows, seconds)
 
-    def observe_host(self, seconds: float, drafted: bool = False) -> None:
-        """One step's seconds outside its calls; `drafted`: the step made a draft call."""
+    def observe_host(self, seconds: float, drafted: bool = False, requests: int = 1) -> None:
+        """One step's seconds outside its calls; `drafted`: the step made a draft call; `requests`: in the step."""
         if not self.learn_host:
             return
         if drafted:
@@ -184,6 +200,23 @@ class Speculation:
             self.host_s = _ema(self.host_s, seconds)
         if self._drafting_host:
             self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
+        table = self._host_drafting if drafted else self._host_plain
+        requests = max(requests, 1)
+        table[requests] = _ema(table.get(requests, 0.0), seconds)
+
+    def host_costs(self, requests: int) -> tuple[float, float]:
+        """(host seconds of a step of `requests` requests without a draft call, what a draft call adds to them), from
+        the steps of the nearest request count measured (fixed ones without learn_host). A host time kept for the
+        run as a whole charged single requests, after a burst of 12 at once, the burst's 1.2 ms a drafting step
+        where theirs took 0.1 ms (docs/speed.md)."""
+        if not self.learn_host or not self._host_plain:
+            return self.host_s, self.draft_host_s
+        plain = self._host_plain[_nearest(self._host_plain, requests)]
+        if not self._host_drafting:
+            return plain, self.draft_host_s
+        measured = _nearest(self._host_drafting, requests)
+        base = self._host_plain[_nearest(self._host_plain, measured)]
+        return plain, max(self._host_drafting[measured] - base, 0.0)
 
     def new_stats(self) -> AcceptanceStats:
         return AcceptanceStats.empty(self.max_candidates)
@@ -246,6 +279,7 @@ class Speculation:
         context_rows: int,
         force_draft: bool,
         gaps: list[int] | None = None,
+        requests: int | None = None,
     ) -> list[int]:
         """Draft length of each free request, maximising expected tokens per second of the next step.
 
@@ -254,12 +288,12 @@ class Speculation:
         anchor row per free request); fixed_draft_rows: draft rows of pinned requests; context_rows: pending context
         rows of every request (any draft call carries them); force_draft: a draft call happens anyway; gaps: each free
         request's committed rows without taps, which the target runs again before it drafts (ovbuild.runtime.
-        catch_up) and its draft call carries. Pending context up to what the step commits is charged in full (a
-        drafting streak carries that much every step); context beyond it (a backlog, a gap's) is taken in once and
-        serves every later step: like the catch-up call, its share of the draft call is charged at 1 /
-        CATCH_UP_STEPS. Charged in full, the context that piled up while nobody drafted made every later draft call
-        look dearer (4 requests on the demo pair: 281 pending rows, 2.9 ms against 0.9 ms for the blocks alone)
-        until drafting never resumed.
+        catch_up) and its draft call carries; requests: in the step (host time goes by them; len(free) if None).
+        Pending context up to what the step commits is charged in full (a drafting streak carries that much every
+        step); context beyond it (a backlog, a gap's) is taken in once and serves every later step: like the catch-up
+        call, its share of the draft call is charged at 1 / CATCH_UP_STEPS. Charged in full, the context that piled
+        up while nobody drafted made every later draft call look dearer (4 requests on the demo pair: 281 pending
+        rows, 2.9 ms against 0.9 ms for the blocks alone) until drafting never resumed.
 
         Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
@@ -292,8 +326,9 @@ class Speculation:
             catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
             draft = [d + c for d, c in zip(draft, catch, strict=True)]
         anyway = force_draft or fixed_draft_rows > 0
+        host_s, draft_host_s = self.host_costs(len(free) if requests is None else requests)
         rates = [
-            tokens[m] / max(target[m] + self.host_s + (draft[m] + self.draft_host_s if m or anyway else 0.0), 1e-9)
+            tokens[m] / max(target[m] + host_s + (draft[m] + draft_host_s if m or anyway else 0.0), 1e-9)
             for m in range(len(tokens))
         ]
         best = rates.index(max(rates))  # the fewest proposals among equally good plans
@@ -311,6 +346,11 @@ class Speculation:
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
         return lengths
+
+
+def _nearest(table: dict[int, float], requests: int) -> int:
+    """The key of `table` nearest `requests` on a log scale (the fewer requests on a tie)."""
+    return min(table, key=lambda n: (abs(math.log(n / max(requests, 1))), n))
 
 
 def _ema(average: float, value: float) -> float:

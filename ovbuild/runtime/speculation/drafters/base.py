@@ -92,6 +92,10 @@ class Drafter(ABC):
         """Rows a call of `rows` rows computes (more where calls are padded, PagedModel.computed_rows)."""
         return rows
 
+    def rows_run(self, rows: int) -> int:
+        """Rows the last call, of `rows` rows, computed: its padding included (what its time is the cost of)."""
+        return self.computed_rows(rows)
+
     @property
     @abstractmethod
     def cache_manager(self) -> CacheManager:
