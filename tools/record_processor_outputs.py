@@ -2,9 +2,9 @@
 
 Runs in its own environment, never in ovbuild's (transformers stays out of the package and its tests):
 
-    python -m venv /work/ref/tfvenv
-    /work/ref/tfvenv/bin/pip install transformers==5.18.0 pillow numpy   # no torch: the PIL variants need none
-    /work/ref/tfvenv/bin/python tools/record_processor_outputs.py
+    python -m venv /tmp/record-venv
+    /tmp/record-venv/bin/pip install transformers==5.18.0 pillow numpy   # no torch: the PIL variants need none
+    /tmp/record-venv/bin/python tools/record_processor_outputs.py
 
 Writes tests/data/processor/: `inputs/` (small encoded images in awkward modes, and a 100-megapixel JPEG gzipped),
 `decoded.npz` (transformers' `load_image` of each input), `qwen3_5.npz` and `minicpmv.npz` (per picture: grid,
