@@ -19,8 +19,7 @@ from ovbuild.runtime.canvas_positions import canvas_positions
 from ovbuild.runtime.images import ImageInput, ImagePrompt
 from ovbuild.testing import F32_NMSE, nmse
 from ovbuild.testing.tiny_hybrid import TINY_HYBRID, write_tiny_hybrid_dflash, write_tiny_hybrid_target
-from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
-from ovbuild.testing.tokenizer import write_tokenizer
+from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision_for_images
 
 from export_helpers import assert_clean_error, ovbuild
 
@@ -107,27 +106,10 @@ def test_a_folder_without_a_tower_refuses_image_files(folders, tmp_path, capsys)
     assert_clean_error(run, f"no vision tower ({VISION_FILE})")
 
 
-MINICPM_TOKENS = ("<|image_pad|>", "<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>")
-# MiniCPM-V's processor sized to the tiny tower: 2-pixel patches, crops of about 16 x 16 pixels (4 tokens each)
-MINICPM_PROCESSOR = dict(
-    image_processor_type="MiniCPMV4_6ImageProcessor",
-    patch_size=2,
-    scale_resolution=16,
-    max_slice_nums=4,
-    slice_mode=True,
-    downsample_mode="16x",
-    use_image_id=True,
-    image_mean=[0.5] * 3,
-    image_std=[0.5] * 3,
-)
-
-
 def test_minicpmv_image_files_take_the_canvas_layout(tmp_path):
     """A MiniCPM-V 4.7 target: an image becomes an overview and 2 x 2 slices, each crop a run of its own; every
     crop's rows are the tower's, the positions are the canvas layout, and the embeddings change the answer."""
-    ckpt = write_tiny_minicpm_vision(tmp_path / "c")
-    write_tokenizer(ckpt, MINICPM_TOKENS)
-    (ckpt / "preprocessor_config.json").write_text(json.dumps(MINICPM_PROCESSOR))
+    ckpt = write_tiny_minicpm_vision_for_images(tmp_path / "c")
     export(ckpt, tmp_path / "t", weight_format="keep", quiet=True)
     picture = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (24, 40, 3), dtype=np.uint8)).save(picture)

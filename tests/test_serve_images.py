@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import gzip
 import http.server
-import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +29,7 @@ from ovbuild.serve.chat import ChatTemplate
 from ovbuild.serve.images import ImagePolicy
 from ovbuild.serve.server import BackgroundServer, build_app
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target
-from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision
-from ovbuild.testing.tokenizer import write_tokenizer
+from ovbuild.testing.tiny_minicpm_vision import write_tiny_minicpm_vision_for_images
 
 from export_helpers import assert_clean_error, ovbuild
 
@@ -392,26 +390,11 @@ def test_the_command_checks_its_image_flags_before_loading(capsys, tmp_path):
 
 # -- MiniCPM-V 4.7: a template that takes string contents, the processor's canvas layout --------------------------
 
-MINICPM_TOKENS = ("<|image_pad|>", "<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>")
-MINICPM_PROCESSOR = dict(
-    image_processor_type="MiniCPMV4_6ImageProcessor",
-    patch_size=2,
-    scale_resolution=16,
-    max_slice_nums=4,
-    slice_mode=True,
-    downsample_mode="16x",
-    use_image_id=True,
-    image_mean=[0.5] * 3,
-    image_std=[0.5] * 3,
-)
-
 
 def test_minicpmv_image_chat_equals_the_target_alone(tmp_path):
     """The tiny template concatenates string contents: each image part becomes the processor's image token in its
     place, which the processor expands into the overview and slices."""
-    ckpt = write_tiny_minicpm_vision(tmp_path / "c")
-    write_tokenizer(ckpt, MINICPM_TOKENS)
-    (ckpt / "preprocessor_config.json").write_text(json.dumps(MINICPM_PROCESSOR))
+    ckpt = write_tiny_minicpm_vision_for_images(tmp_path / "c")
     export(ckpt, tmp_path / "t", weight_format="keep", quiet=True)
     wide, square = picture(tmp_path / "w.png", 24, 40, 1), picture(tmp_path / "s.png", 12, 12, 2)
     llm, template = LLM(tmp_path / "t"), ChatTemplate.from_folder(tmp_path / "t")

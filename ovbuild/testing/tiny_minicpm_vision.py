@@ -15,6 +15,7 @@ import numpy as np
 
 from ovbuild.testing.tiny import random_tensor
 from ovbuild.testing.tiny_moe import MINICPMV_TEXT, MINICPMV_TOP, write_tiny_minicpmv
+from ovbuild.testing.tokenizer import write_tokenizer
 from ovbuild.weights.safetensors_file import write_safetensors
 from ovbuild.weights.tensor import WeightTensor
 from ovbuild.weights.vision_minicpm import (
@@ -101,3 +102,28 @@ def write_tiny_minicpm_vision(
     written = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": written["torch_dtype"]}, indent=2) + "\n")
     return folder
+
+
+# The markers MiniCPM-V's prompts write around each crop, special tokens of the tiny tokenizer.
+MINICPM_IMAGE_TOKENS = ("<|image_pad|>", "<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>")
+# MiniCPM-V's processor sized to the tiny tower: 2-pixel patches, crops of about 16 x 16 pixels (4 tokens each)
+TINY_MINICPM_PROCESSOR = dict(
+    image_processor_type="MiniCPMV4_6ImageProcessor",
+    patch_size=2,
+    scale_resolution=16,
+    max_slice_nums=4,
+    slice_mode=True,
+    downsample_mode="16x",
+    use_image_id=True,
+    image_mean=[0.5] * 3,
+    image_std=[0.5] * 3,
+)
+
+
+def write_tiny_minicpm_vision_for_images(path: Path) -> Path:
+    """The 1B-like checkpoint with what image files need beside it: a tokenizer with the crop markers and a
+    preprocessor_config.json sized to the tiny tower."""
+    ckpt = write_tiny_minicpm_vision(path)
+    write_tokenizer(ckpt, MINICPM_IMAGE_TOKENS)
+    (ckpt / "preprocessor_config.json").write_text(json.dumps(TINY_MINICPM_PROCESSOR))
+    return ckpt
