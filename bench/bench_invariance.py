@@ -44,6 +44,7 @@ import gc
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -283,32 +284,38 @@ def compile_target(model: ov.Model, math: str, properties: dict | None = None) -
     return PagedModel(model, "CPU", "f16", math, cache_mb=256, static_rows=False, properties=properties)
 
 
+def compiled_targets(args, target_dir: Path) -> Iterator[tuple[str, str, ov.Model, PagedModel]]:
+    """The target built in each weight format and compiled at each math precision of the run: (format, math, its
+    IR, the compiled model)."""
+    cfg, weights = load_target(Checkpoint.open(target_dir))
+    for fmt in args.formats:
+        ir = build_target(cfg, weights, (args.layers - 1,), WeightPolicy(weight_format=fmt))
+        for math in args.maths:
+            yield fmt, math, ir, compile_target(ir, math, args.properties)
+
+
 def target_table(args, target_dir: Path) -> None:
     """The invariance table of the target: one line per weight format, math and context."""
-    cfg, weights = load_target(Checkpoint.open(target_dir))
     print(f"\ntarget: {args.layers} layers at Qwen3-4B width, vocabulary {args.vocab}, f16 KV cache; cells: '=' "
           "bitwise equal to alone, else max |diff| logits/last hidden state")  # fmt: skip
     print("| weights | math | context | " + " | ".join(CASES) + " |")
     print("|---|---|---|" + "---|" * len(CASES))
-    for fmt in args.formats:
-        ir = build_target(cfg, weights, (args.layers - 1,), WeightPolicy(weight_format=fmt))
-        for math in args.maths:
-            model = compile_target(ir, math, args.properties)
-            for context in args.contexts:
-                probe = Probe(model, context, seed=context)
-                cells, differing = [], []
-                for name in CASES:
-                    got, positions = probe.case(name)
-                    diff = difference(got, positions, probe.alone)
-                    cells.append(cell(diff))
-                    if diff is not None:
-                        differing.append(name)
-                probe.close()
-                print(f"| {fmt} | {math} | {context} | " + " | ".join(cells) + " |", flush=True)
-                if args.bisect and differing:
-                    bisect(ir, math, context, differing, args.properties)
-            del model
-            gc.collect()
+    for fmt, math, ir, model in compiled_targets(args, target_dir):
+        for context in args.contexts:
+            probe = Probe(model, context, seed=context)
+            cells, differing = [], []
+            for name in CASES:
+                got, positions = probe.case(name)
+                diff = difference(got, positions, probe.alone)
+                cells.append(cell(diff))
+                if diff is not None:
+                    differing.append(name)
+            probe.close()
+            print(f"| {fmt} | {math} | {context} | " + " | ".join(cells) + " |", flush=True)
+            if args.bisect and differing:
+                bisect(ir, math, context, differing, args.properties)
+        del model
+        gc.collect()
 
 
 PROMPT_CASES = (
@@ -345,37 +352,33 @@ def prompt_case(model: PagedModel, ids: list[int], name: str, seq: int) -> Rows:
 def prompt_table(args, target_dir: Path) -> None:
     """Whether a prompt's rows compute bitwise alike however the prompt is cut into chunks and whatever shares its
     calls (the scheduler sizes a chunk by the rows its call has left: verification rows take more than decode rows)."""
-    cfg, weights = load_target(Checkpoint.open(target_dir))
     print("\nprompt rows (one subsequence per chunk) against the prompt as one chunk in a call of its own; cells: "
           "max |diff| of the last row's logits / every row's last hidden state")  # fmt: skip
     print("| weights | math | prompt | " + " | ".join(PROMPT_CASES) + " |")
     print("|---|---|---|" + "---|" * len(PROMPT_CASES))
-    for fmt in args.formats:
-        ir = build_target(cfg, weights, (args.layers - 1,), WeightPolicy(weight_format=fmt))
-        for math in args.maths:
-            model = compile_target(ir, math, args.properties)
-            for context in args.contexts:
-                probe = Probe(model, context, seed=context)
-                probe.long_sequence()
-                ids = probe.tokens[:context]
-                alone = prompt_case(model, ids, "", 100)
-                model.free(100)
-                cells, differing = [], []
-                for i, name in enumerate(PROMPT_CASES):
-                    got = prompt_case(model, ids, name, 200 + 10 * i)
-                    for seq in range(200 + 10 * i, 204 + 10 * i):
-                        model.free(seq)
-                    same = np.array_equal(got.logits, alone.logits) and np.array_equal(got.hidden, alone.hidden)
-                    diff = (np.abs(got.logits - alone.logits).max(), np.abs(got.hidden - alone.hidden).max())
-                    cells.append("=" if same else f"{diff[0]:.1e}/{diff[1]:.1e}")
-                    if not same:
-                        differing.append(name)
-                probe.close()
-                print(f"| {fmt} | {math} | {context} | " + " | ".join(cells) + " |", flush=True)
-                if args.bisect and differing:
-                    bisect_prompt(ir, math, ids, differing, args.properties)
-            del model
-            gc.collect()
+    for fmt, math, ir, model in compiled_targets(args, target_dir):
+        for context in args.contexts:
+            probe = Probe(model, context, seed=context)
+            probe.long_sequence()
+            ids = probe.tokens[:context]
+            alone = prompt_case(model, ids, "", 100)
+            model.free(100)
+            cells, differing = [], []
+            for i, name in enumerate(PROMPT_CASES):
+                got = prompt_case(model, ids, name, 200 + 10 * i)
+                for seq in range(200 + 10 * i, 204 + 10 * i):
+                    model.free(seq)
+                same = np.array_equal(got.logits, alone.logits) and np.array_equal(got.hidden, alone.hidden)
+                diff = (np.abs(got.logits - alone.logits).max(), np.abs(got.hidden - alone.hidden).max())
+                cells.append("=" if same else f"{diff[0]:.1e}/{diff[1]:.1e}")
+                if not same:
+                    differing.append(name)
+            probe.close()
+            print(f"| {fmt} | {math} | {context} | " + " | ".join(cells) + " |", flush=True)
+            if args.bisect and differing:
+                bisect_prompt(ir, math, ids, differing, args.properties)
+        del model
+        gc.collect()
 
 
 def bisect_prompt(ir: ov.Model, math: str, ids: list[int], names: list[str], properties: dict | None) -> None:
@@ -454,45 +457,41 @@ def cost(args, target_dir: Path) -> None:
     budget would leave against the 33-row chunk ovbuild runs instead (a prefix hit one block shorter), and a
     2000-token prompt as one chunk against 2000 1-row subsequences (every row in the decode kernel: the other way
     to keep one kernel per row, not taken)."""
-    cfg, weights = load_target(Checkpoint.open(target_dir))
     print(f"\ncost at context 2000 (median of {args.rounds} interleaved rounds; ratio to the first of each pair, "
           "median and range):")  # fmt: skip
-    for fmt in args.formats:
-        ir = build_target(cfg, weights, (args.layers - 1,), WeightPolicy(weight_format=fmt))
-        for math in args.maths:
-            model = compile_target(ir, math, args.properties)
-            probe = Probe(model, 2000, seed=1)
-            c, t = probe.context, probe.tokens
+    for fmt, math, _ir, model in compiled_targets(args, target_dir):
+        probe = Probe(model, 2000, seed=1)
+        c, t = probe.context, probe.tokens
 
-            def rows_after(past: int, chunk: bool, probe=probe, model=model, t=t, c=c) -> None:
-                seq = probe.fork(past)
-                call(model, [Part(seq, past, t[past : c + 1], chunk=chunk)], seq)
-                probe.free()
+        def rows_after(past: int, chunk: bool, probe=probe, model=model, t=t, c=c) -> None:
+            seq = probe.fork(past)
+            call(model, [Part(seq, past, t[past : c + 1], chunk=chunk)], seq)
+            probe.free()
 
-            def prompt(chunk: bool, model=model, t=t, c=c) -> None:
-                if chunk:
-                    call(model, [Part(500, 0, t[:c], chunk=True)], 500)
-                # 1-row subsequences 64 a call, as 4 requests' verification rows come
-                for begin in range(0, 0 if chunk else c, 64):
-                    call(model, [Part(500, begin, t[begin : min(begin + 64, c)])], 500)
-                model.free(500)
+        def prompt(chunk: bool, model=model, t=t, c=c) -> None:
+            if chunk:
+                call(model, [Part(500, 0, t[:c], chunk=True)], 500)
+            # 1-row subsequences 64 a call, as 4 requests' verification rows come
+            for begin in range(0, 0 if chunk else c, 64):
+                call(model, [Part(500, begin, t[begin : min(begin + 64, c)])], 500)
+            model.free(500)
 
-            cases = {
-                "lone prompt row": lambda c=c: rows_after(c, True),
-                "33-row chunk": lambda c=c: rows_after(c - 32, True),
-                "prompt as a chunk": lambda: prompt(True),
-                "prompt as 1-row subsequences": lambda: prompt(False),
-            }
-            rounds = harness.interleave(cases, args.rounds, args.seed)
-            for name, base in (
-                ("33-row chunk", "lone prompt row"),
-                ("prompt as 1-row subsequences", "prompt as a chunk"),
-            ):
-                print(f"  {fmt} weights, {math} math: {name} {rounds.median(name) * 1e3:.0f} ms, {base} "
-                      f"{rounds.median(base) * 1e3:.0f} ms: {rounds.ratio(name, base)}", flush=True)  # fmt: skip
-            probe.close()
-            del model, probe
-            gc.collect()
+        cases = {
+            "lone prompt row": lambda c=c: rows_after(c, True),
+            "33-row chunk": lambda c=c: rows_after(c - 32, True),
+            "prompt as a chunk": lambda: prompt(True),
+            "prompt as 1-row subsequences": lambda: prompt(False),
+        }
+        rounds = harness.interleave(cases, args.rounds, args.seed)
+        for name, base in (
+            ("33-row chunk", "lone prompt row"),
+            ("prompt as 1-row subsequences", "prompt as a chunk"),
+        ):
+            print(f"  {fmt} weights, {math} math: {name} {rounds.median(name) * 1e3:.0f} ms, {base} "
+                  f"{rounds.median(base) * 1e3:.0f} ms: {rounds.ratio(name, base)}", flush=True)  # fmt: skip
+        probe.close()
+        del model, probe
+        gc.collect()
 
 
 def main() -> None:
