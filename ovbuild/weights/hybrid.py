@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ovbuild.errors import ConfigError, TensorError, UnsupportedError
+from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
 from ovbuild.weights.moe import MoeSpec, moe_tensor_table, parse_moe
 from ovbuild.weights.mrope import MropeSpec, parse_mrope
 from ovbuild.weights.rope import parse_rope
 from ovbuild.weights.target import TargetConfig, TargetLayout
-from ovbuild.weights.tensor_names import WeightSource
+from ovbuild.weights.tensor_names import WeightSource, stored_prefix
 
 # Architecture -> the language model's `model_type` when its config does not say. MiniCPM-V 4.7 nests a Qwen3.5
 # text stack (dense or MoE, by `text_config.model_type`) under the same `model.language_model.` prefix.
@@ -226,11 +226,7 @@ def hybrid_tensor_table(prefix: str) -> dict[str, str]:
 
 def text_prefix(checkpoint: Checkpoint) -> str:
     """The prefix of the language model's tensors in this checkpoint."""
-    for prefix in TEXT_PREFIXES:
-        if f"{prefix}embed_tokens.weight" in checkpoint:
-            return prefix
-    tried = ", ".join(f"'{p}embed_tokens.weight'" for p in TEXT_PREFIXES)
-    raise TensorError(f"{checkpoint.source}: no language-model embedding found (looked for {tried})")
+    return stored_prefix(checkpoint, TEXT_PREFIXES, "embed_tokens.weight", "language-model embedding")
 
 
 def load_hybrid_target(checkpoint: Checkpoint) -> tuple[HybridTargetConfig, WeightSource]:

@@ -27,6 +27,16 @@ QWEN3_LAYER = (
 )
 
 
+def stored_prefix(checkpoint: Checkpoint, prefixes: tuple[str, ...], probe: str, what: str) -> str:
+    """The first of `prefixes` under which the checkpoint holds the tensor `probe`: where a model's tensors sit in
+    the checkpoints that nest it (a language model or a vision tower inside a vision-language model)."""
+    for prefix in prefixes:
+        if f"{prefix}{probe}" in checkpoint:
+            return prefix
+    tried = ", ".join(f"'{p}{probe}'" for p in prefixes)
+    raise TensorError(f"{checkpoint.source}: no {what} found (looked for {tried})")
+
+
 def layer_entries(prefix: str, names: tuple[str, ...] = QWEN3_LAYER) -> dict[str, str]:
     """Table rows for per-layer weights stored as `{prefix}layers.{i}.<name>.weight`."""
     return {f"layers.{{i}}.{n}": f"{prefix}layers.{{i}}.{n}.weight" for n in names}

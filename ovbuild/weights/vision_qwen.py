@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ovbuild.errors import ConfigError, TensorError, UnsupportedError
+from ovbuild.errors import ConfigError, UnsupportedError
 from ovbuild.weights.checkpoint import Checkpoint
 from ovbuild.weights.config_reader import ConfigReader
-from ovbuild.weights.tensor_names import WeightSource
+from ovbuild.weights.tensor_names import WeightSource, stored_prefix
 
 QWEN_VISION_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # The MLP activations transformers' ACT2FN names, as the graph and the reference know them.
@@ -182,11 +182,7 @@ def qwen_vision_shapes(cfg: QwenVisionConfig) -> dict[str, tuple[int, ...]]:
 
 def vision_prefix(checkpoint: Checkpoint) -> str:
     """The prefix of the vision tower's tensors in this checkpoint."""
-    for prefix in VISION_PREFIXES:
-        if f"{prefix}{QWEN_VISION_TABLE['patch_embed.weight']}" in checkpoint:
-            return prefix
-    tried = ", ".join(f"'{p}{QWEN_VISION_TABLE['patch_embed.weight']}'" for p in VISION_PREFIXES)
-    raise TensorError(f"{checkpoint.source}: no vision patch embedding found (looked for {tried})")
+    return stored_prefix(checkpoint, VISION_PREFIXES, QWEN_VISION_TABLE["patch_embed.weight"], "vision patch embedding")
 
 
 def load_qwen_vision(checkpoint: Checkpoint) -> tuple[QwenVisionConfig, WeightSource]:
