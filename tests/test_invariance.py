@@ -14,6 +14,7 @@ from ovbuild.graph.weights import WeightPolicy
 from ovbuild.runtime.cache.kv_cache import SequenceRows
 from ovbuild.runtime.cache.rows import MIN_PROMPT_CHUNK, prompt_chunk
 from ovbuild.runtime.model.devices import target_inference_precision
+from ovbuild.runtime.model.machine import cpu_flags
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT
 from ovbuild.runtime.request import GenerationConfig
@@ -147,10 +148,25 @@ def logits_of(model: PagedModel, rows: list[SequenceRows], ids: list[int], wante
     return np.array(out["logits"])
 
 
+# The CPU kind docs/invariance.md measured bitwise: AVX-512 with bf16 and VNNI, no AMX. Elsewhere the promise is the
+# target's output up to rounding, which is what the test then asserts.
+AVX512_BF16_NO_AMX = {"avx512f", "avx512_bf16", "avx512_vnni"}, {"amx_bf16", "amx_int8"}
+MEASURED_BITWISE = AVX512_BF16_NO_AMX[0] <= cpu_flags() and not cpu_flags() & AVX512_BF16_NO_AMX[1]
+
+
+def assert_same_row(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Bitwise equal on the measured CPU kind, else equal up to rounding (1e-3 of the logits' scale)."""
+    diff = np.abs(got - want).max()
+    if MEASURED_BITWISE:
+        assert np.array_equal(got, want), f"{what} differs by {diff:.3g}"
+    else:
+        assert diff <= 1e-3 * np.abs(want).max(), f"{what} differs by {diff:.3g}, more than rounding"
+
+
 @pytest.mark.slow
 def test_a_row_computes_bitwise_alike_at_qwen3_4b_width(wide_pair):
     """At Qwen3-4B width (int8 weights, the default math and cache): a row's logits alone, as verification row j of
-    8, and in a call of 4 requests' decode rows are bitwise the same."""
+    8, and in a call of 4 requests' decode rows are bitwise the same (on the CPU kind measured so)."""
     target_model, _ = wide_pair
     math = target_inference_precision("CPU", None, EXACT_TARGET.kv_cache_precision)
     model = PagedModel(target_model, "CPU", EXACT_TARGET.kv_cache_precision, math, cache_mb=64)
@@ -166,13 +182,11 @@ def test_a_row_computes_bitwise_alike_at_qwen3_4b_width(wide_pair):
     rows = [SequenceRows(0, 56 + i, 1) for i in range(8)]
     verified = logits_of(model, rows, tokens[0][56:64], list(range(8)))
     for j in range(8):
-        diff = np.abs(verified[j] - alone[56 + j]).max()
-        assert np.array_equal(verified[j], alone[56 + j]), f"verification row {j} of 8 differs by {diff:.3g}"
+        assert_same_row(verified[j], alone[56 + j], f"verification row {j} of 8")
     # the next row in a batch of 4 decode rows and alone
     batch = logits_of(model, [SequenceRows(s, 64 if s == 0 else 56, 1) for s in range(4)], [t[64] for t in tokens], [0])
     single = logits_of(model, [SequenceRows(0, 64, 1)], [tokens[0][64]], [0])
-    diff = np.abs(batch - single).max()
-    assert np.array_equal(batch, single), f"a row beside 3 others differs from the row alone by {diff:.3g}"
+    assert_same_row(batch, single, "a row beside 3 others, against the row alone,")
 
 
 @pytest.mark.slow
