@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -55,6 +56,12 @@ PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
 # short plans never reach (0.6 -> 0.95) made full-block plans expect far more than they got, and the realism that
 # followed (0.47) kept the demo pair from drafting where full blocks ran 1.3x as fast.
 OPTIMISM = 1.0
+# While nobody drafts, the standard errors taken grow as in UCB1, to sqrt(2 ln(1 + steps since the last
+# verification)): evidence never refreshes while the planner does not draft, and one unlucky first verification
+# (4 requests at tau 5.6 on a Qwen3-4B-shaped pair, 2 of 4 proposals rejected at their first token) kept a run from
+# drafting for its 200 steps where drafting 2 ran 1.28x. Thin evidence is thus tried again within a few steps, while
+# a draft seen to be poor over many verifications (a small standard error) is not tried for a long time: the retry
+# waits for the run-wide record to fade (RUN_IDLE_DECAY).
 # Per step in which nobody drafts, the run-wide evidence (and the realism's counts) fade by this much: the planner
 # learns only from the steps it drafts in, so an estimate made in a bad moment (early misses, a busy machine) would
 # otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
@@ -89,6 +96,7 @@ REPLAN_AFTER_CHANGE = 4
 # 0.71x. So the accepted tokens a plan expects are scaled by how many the plans' verifications have accepted per
 # token expected: a prior of REALISM_PRIOR tokens at 1.0, each verification's counts decaying by REALISM_DECAY.
 REALISM_PRIOR = 8.0
+HOST_WINDOW = 15  # recent steps whose median host time plans are charged, per kind of step and request count
 REALISM_DECAY = 0.98
 
 
@@ -147,14 +155,15 @@ class Speculation:
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
-    # host seconds of steps without and with a draft call, by the requests in the step (EMA each)
-    _host_plain: dict[int, float] = field(init=False, default_factory=dict)
-    _host_drafting: dict[int, float] = field(init=False, default_factory=dict)
+    # host seconds of the recent steps without and with a draft call, by the requests in the step (HOST_WINDOW each)
+    _host_plain: dict[int, deque[float]] = field(init=False, default_factory=dict)
+    _host_drafting: dict[int, deque[float]] = field(init=False, default_factory=dict)
     # survival's run-wide terms (optimistic, plain), until a record or aging moves them
     _run_estimate: tuple[list[float], list[float]] | None = field(init=False, default=None)
     # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
     expected_tokens: float = field(init=False, default=0.0)
     accepted_tokens: float = field(init=False, default=0.0)
+    since_drafted: int = field(init=False, default=0)  # steps since the last verification of proposals (see OPTIMISM)
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
@@ -201,22 +210,24 @@ class Speculation:
         if self._drafting_host:
             self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
         table = self._host_drafting if drafted else self._host_plain
-        requests = max(requests, 1)
-        table[requests] = _ema(table.get(requests, 0.0), seconds)
+        table.setdefault(max(requests, 1), deque(maxlen=HOST_WINDOW)).append(seconds)
 
     def host_costs(self, requests: int) -> tuple[float, float]:
         """(host seconds of a step of `requests` requests without a draft call, what a draft call adds to them), from
         the steps of the nearest request count measured (fixed ones without learn_host). A host time kept for the
         run as a whole charged single requests, after a burst of 12 at once, the burst's 1.2 ms a drafting step
-        where theirs took 0.1 ms (docs/speed.md)."""
+        where theirs took 0.1 ms (docs/speed.md). Medians of the recent steps, not averages: host time has spikes (a
+        garbage collection, a first call's allocations), and one of 16 ms in a 4-request run's first drafting step on
+        a Qwen3-4B-shaped pair, averaged in where such steps took 1 to 2 ms, was charged to every later plan and kept
+        that run from drafting again."""
         if not self.learn_host or not self._host_plain:
             return self.host_s, self.draft_host_s
-        plain = self._host_plain[_nearest(self._host_plain, requests)]
+        plain = _median(self._host_plain[_nearest(self._host_plain, requests)])
         if not self._host_drafting:
             return plain, self.draft_host_s
         measured = _nearest(self._host_drafting, requests)
-        base = self._host_plain[_nearest(self._host_plain, measured)]
-        return plain, max(self._host_drafting[measured] - base, 0.0)
+        base = _median(self._host_plain[_nearest(self._host_plain, measured)])
+        return plain, max(_median(self._host_drafting[measured]) - base, 0.0)
 
     def new_stats(self) -> AcceptanceStats:
         return AcceptanceStats.empty(self.max_candidates)
@@ -227,6 +238,7 @@ class Speculation:
             stats.record(proposed, accepted, DECAY)
             self.run.record(proposed, accepted, 1.0)
             self._run_estimate = None
+            self.since_drafted = 0
         if stats.expected:  # a plan's choice (a pinned k expects nothing)
             self.expected_tokens = REALISM_DECAY * self.expected_tokens + stats.expected
             self.accepted_tokens = REALISM_DECAY * self.accepted_tokens + accepted
@@ -248,7 +260,7 @@ class Speculation:
                 run.append(prior)
             seen = self.run.reached + PRIOR_WEIGHT
             plain = np.array(run)
-            bonus = OPTIMISM * np.sqrt(plain * (1 - plain) / seen)
+            bonus = self.exploration * np.sqrt(plain * (1 - plain) / seen)
             self._run_estimate = np.minimum(plain + bonus, 1.0).tolist(), run
         estimate = self._run_estimate[0 if optimistic else 1]
         survival = []
@@ -261,10 +273,16 @@ class Speculation:
             survival.append(row)
         return survival
 
+    @property
+    def exploration(self) -> float:
+        """Standard errors added to the run-wide estimate: OPTIMISM, growing while nobody drafts (see OPTIMISM)."""
+        return max(OPTIMISM, math.sqrt(math.log1p(self.since_drafted)))
+
     def age(self, idle_steps: int) -> None:
         """Steps in which nobody drafted: the run-wide evidence and the realism's counts fade (RUN_IDLE_DECAY)."""
         if idle_steps <= 0:
             return
+        self.since_drafted += idle_steps
         fade = RUN_IDLE_DECAY**idle_steps
         self.run.fade(fade)
         self.expected_tokens *= fade
@@ -351,6 +369,11 @@ class Speculation:
 def _nearest(table: dict[int, float], requests: int) -> int:
     """The key of `table` nearest `requests` on a log scale (the fewer requests on a tie)."""
     return min(table, key=lambda n: (abs(math.log(n / max(requests, 1))), n))
+
+
+def _median(values: deque[float]) -> float:
+    """The median of `values`; of an even count the lower middle one (of two values, one a spike: the other)."""
+    return sorted(values)[(len(values) - 1) // 2]
 
 
 def _ema(average: float, value: float) -> float:
