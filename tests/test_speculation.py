@@ -44,7 +44,8 @@ def stats(rates: list[float], weight: float = 1000.0) -> AcceptanceStats:
 
 def objective(spec: Speculation, free, lengths, fixed_target, fixed_draft, context, force) -> float:
     """Expected tokens per second of one plan, written out directly."""
-    tokens = sum(1 + sum(spec.survival([s])[0][:k]) for (s, _), k in zip(free, lengths, strict=True))
+    survival = spec.survival([s for s, _ in free])  # jointly: how far a request's own record counts depends on all
+    tokens = sum(1 + sum(chances[:k]) for chances, k in zip(survival, lengths, strict=True))
     seconds = spec.target_cost(fixed_target + sum(lengths)) + spec.host_s
     if any(lengths) or force or fixed_draft:
         steady = min(context, tokens)  # what a drafting step commits, carried by every draft call
