@@ -10,14 +10,22 @@ from ovbuild.runtime.speculation.planner import (
     REQUEST_WEIGHT,
     AcceptanceStats,
     Speculation,
-    request_weight,
+    pooled,
 )
+from ovbuild.runtime.speculation.planner import request_weight as weight_of_counts
+
+
+def request_weight(stats: list[AcceptanceStats]) -> float:
+    return weight_of_counts([pooled(s) for s in stats])
 from ovbuild.testing.planner import fixed_curve
 
 # Timed calls of a Qwen3-4B-shaped pair with 4 requests at once (int8 weights, f32 math, 2-core AVX-512 EPYC):
 # seconds by rows. Drafting 2 for each of 4 requests at 0.83 acceptance ran 1.25x not drafting there.
 TARGET_4 = {4: 0.106, 8: 0.148, 12: 0.173, 16: 0.226, 24: 0.236, 32: 0.329, 48: 0.444, 64: 0.592}
 DRAFT_4 = {6: 0.024, 8: 0.028, 16: 0.036, 24: 0.040, 32: 0.054, 48: 0.075, 64: 0.077}
+# the same pair, one request at a time
+TARGET_1 = {1: 0.100, 3: 0.102, 6: 0.116, 8: 0.151, 12: 0.185, 16: 0.219, 32: 0.327}
+DRAFT_1 = {4: 0.024, 6: 0.024, 8: 0.028, 12: 0.031, 16: 0.041, 24: 0.048}
 
 
 def counted(accepted: list[float], reached: list[float]) -> AcceptanceStats:
@@ -54,6 +62,24 @@ def test_a_lucky_request_among_alike_ones_is_not_given_a_longer_draft():
     lucky = counted([10.0] * 15, [10] * 15)
     lengths = spec.plan([(lucky, 15), (usual, 15), (usual, 15), (usual, 15)], 4, 0, 0, False)
     assert min(lengths[1:]) > 0 and lengths[0] <= max(lengths[1:]) + 1, lengths
+
+
+def test_one_request_at_a_time_is_weighed_by_how_its_predecessors_differed():
+    """Alone in its plans, a request's lucky streak is weighed against the requests that finished before it: where
+    they accepted alike it drafts about what the run's estimate says, where they differed widely its own record
+    leads as before (REQUEST_WEIGHT)."""
+    lucky = counted([10.0] * 15, [10] * 15)
+
+    def plan_after(predecessors: list[tuple[float, float]]) -> int:
+        spec = Speculation(15, 1, fixed_curve(TARGET_1), fixed_curve(DRAFT_1), learn_host=False)
+        spec.run.reached[:], spec.run.accepted[:] = 400.0, 332.0  # the run: 0.83 a position
+        for accepted, reached in predecessors:
+            spec.retire(counted([accepted / 15] * 15, [reached / 15] * 15))
+        return spec.plan([(lucky, 15)], 1, 0, 0, False)[0]
+
+    alike = plan_after([(249.0, 300.0)] * 6)  # 0.83 each
+    unlike = plan_after([(285.0, 300.0), (90.0, 300.0)] * 3)  # 0.95 and 0.3
+    assert alike < unlike == 15 and alike <= 8, (alike, unlike)
 
 
 def test_one_unlucky_verification_is_tried_again_within_a_few_steps():

@@ -155,6 +155,8 @@ class DraftPlanner:
         """A request leaves the batch (finished or aborted): it is owed its skipped steps, and the batch changed."""
         if request.metrics.first_token_time is not None:  # it decoded: its skipped steps are owed
             self.settle(request)
+            if request.acceptance is not None:
+                self.speculation.retire(request.acceptance)
         self.batch_changed()
 
     def batch_changed(self) -> None:

@@ -56,13 +56,13 @@ PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
 # still dropped. What a plan expects (for the realism, below) is taken without it: counted in, the bonus on positions
 # short plans never reach (0.6 -> 0.95) made full-block plans expect far more than they got, and the realism that
 # followed (0.47) kept the demo pair from drafting where full blocks ran 1.3x as fast.
-OPTIMISM = 1.0
-# While nobody drafts, the standard errors taken grow as in UCB1, to sqrt(2 ln(1 + steps since the last
-# verification)): evidence never refreshes while the planner does not draft, and one unlucky first verification
-# (4 requests at tau 5.6 on a Qwen3-4B-shaped pair, 2 of 4 proposals rejected at their first token) kept a run from
-# drafting for its 200 steps where drafting 2 ran 1.28x. Thin evidence is thus tried again within a few steps, while
-# a draft seen to be poor over many verifications (a small standard error) is not tried for a long time: the retry
+# While nobody drafts, the standard errors taken grow as UCB1's bonus does, to sqrt(ln(1 + steps since the last
+# verification)) (Speculation.exploration): evidence never refreshes while the planner does not draft, and one
+# unlucky first verification (4 requests at tau 5.6 on a Qwen3-4B-shaped pair, 2 of 4 proposals rejected at their
+# first token) kept a run from drafting for its 200 steps where drafting 2 ran 1.28x. Thin evidence is thus tried
+# again within a few dozen steps, while a draft seen to be poor over many verifications (a small standard error)
 # waits for the run-wide record to fade (RUN_IDLE_DECAY).
+OPTIMISM = 1.0
 # Per step in which nobody drafts, the run-wide evidence (and the realism's counts) fade by this much: the planner
 # learns only from the steps it drafts in, so an estimate made in a bad moment (early misses, a busy machine) would
 # otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
@@ -72,9 +72,12 @@ RUN_IDLE_DECAY = 0.997
 # much as the spread between the requests' acceptance allows (empirical Bayes, request_weight): where requests accept
 # alike, a request's own ten or so recent verifications are mostly luck. Weighed at 4 on a Qwen3-4B-shaped pair, 4
 # requests at one acceptance (tau 8.2), the lucky ones were given full blocks of 15 in a quarter of the steps and the
-# plans ran at 0.87x of drafting 4 for all.
+# plans ran at 0.87x of drafting 4 for all. The spread is taken over the requests being planned and the last
+# FINISHED_KEPT that finished, so that one request at a time is weighed by how its predecessors differed: alone, a
+# request's streak of right tokens drew full blocks of 15 at tau 5.6 where 7 ran faster.
 REQUEST_WEIGHT = 4.0
 MAX_REQUEST_WEIGHT = 64.0
+FINISHED_KEPT = 16
 DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
 IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
 # A plan that makes a draft call where none is needed must promise this many times the tokens per second of not
@@ -103,8 +106,8 @@ REPLAN_AFTER_CHANGE = 4
 # 0.71x. So the accepted tokens a plan expects are scaled by how many the plans' verifications have accepted per
 # token expected: a prior of REALISM_PRIOR tokens at 1.0, each verification's counts decaying by REALISM_DECAY.
 REALISM_PRIOR = 8.0
-HOST_WINDOW = 15  # recent steps whose median host time plans are charged, per kind of step and request count
 REALISM_DECAY = 0.98
+HOST_WINDOW = 15  # recent steps whose median host time plans are charged, per kind of step and request count
 
 
 @dataclass
@@ -171,6 +174,8 @@ class Speculation:
     expected_tokens: float = field(init=False, default=0.0)
     accepted_tokens: float = field(init=False, default=0.0)
     since_drafted: int = field(init=False, default=0)  # steps since the last verification of proposals (see OPTIMISM)
+    # (accepted, reached) of the last requests that finished, all positions pooled (see REQUEST_WEIGHT)
+    finished: deque[tuple[float, float]] = field(init=False, default_factory=lambda: deque(maxlen=FINISHED_KEPT))
 
     def __post_init__(self):
         self.run = AcceptanceStats.empty(self.max_candidates)
@@ -236,6 +241,16 @@ class Speculation:
         base = _median(self._host_plain[_nearest(self._host_plain, measured)])
         return plain, max(_median(self._host_drafting[measured]) - base, 0.0)
 
+    def request_weight(self, stats: list[AcceptanceStats]) -> float:
+        """Observations the run-wide estimate is worth in these requests' own (request_weight, over them and the
+        requests that finished last)."""
+        return request_weight([pooled(s) for s in stats] + list(self.finished))
+
+    def retire(self, stats: AcceptanceStats) -> None:
+        """A request finished: its pooled record joins those the request weight is estimated from."""
+        if stats.reached.sum() > 0:
+            self.finished.append(pooled(stats))
+
     def new_stats(self) -> AcceptanceStats:
         return AcceptanceStats.empty(self.max_candidates)
 
@@ -256,10 +271,12 @@ class Speculation:
         """Accepted per expected draft token of the plans so far (1.0 before any: the prior)."""
         return (self.accepted_tokens + REALISM_PRIOR) / (self.expected_tokens + REALISM_PRIOR)
 
-    def survival(self, stats: list[AcceptanceStats], optimistic: bool = True) -> list[list[float]]:
+    def survival(
+        self, stats: list[AcceptanceStats], optimistic: bool = True, weight: float | None = None
+    ) -> list[list[float]]:
         """s [requests][max_candidates]: s_j = the chance that proposals 1..j+1 are all accepted, per request;
         optimistic: with the run-wide estimate's OPTIMISM bonus (what plans choose by), else without (what they
-        expect)."""
+        expect); weight: the run-wide estimate's in each request's own (Speculation.request_weight if None)."""
         if self._run_estimate is None:  # only verifications and aging move it: plans in between reuse it
             run, prior = [], PRIOR_ACCEPTANCE
             for accepted, reached in zip(self.run.accepted.tolist(), self.run.reached.tolist(), strict=True):
@@ -270,7 +287,8 @@ class Speculation:
             bonus = self.exploration * np.sqrt(plain * (1 - plain) / seen)
             self._run_estimate = np.minimum(plain + bonus, 1.0).tolist(), run
         estimate = self._run_estimate[0 if optimistic else 1]
-        weight = request_weight(stats)
+        if weight is None:
+            weight = self.request_weight(stats)
         survival = []
         for request in stats:
             chance, row = 1.0, []
@@ -325,7 +343,8 @@ class Speculation:
         costs several microseconds (cold caches); this way a plan costs about a third less there."""
         if not free or max(k for _, k in free) <= 0:
             return [0] * len(free)  # nothing to choose: nobody may draft
-        survival = self.survival([s for s, _ in free])
+        weight = self.request_weight([s for s, _ in free])
+        survival = self.survival([s for s, _ in free], weight=weight)
         # every proposal that may be taken, best first; ties keep request-major order, each request's positions in order
         order = sorted(
             (-chance, request, j)
@@ -368,18 +387,23 @@ class Speculation:
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
-        plain = self.survival([s for s, _ in free], optimistic=False) if best else [[]] * len(free)
+        plain = self.survival([s for s, _ in free], False, weight) if best else [[]] * len(free)
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
         return lengths
 
 
-def request_weight(stats: list[AcceptanceStats]) -> float:
+def pooled(stats: AcceptanceStats) -> tuple[float, float]:
+    """A request's (accepted, reached), all positions pooled."""
+    return float(stats.accepted.sum()), float(stats.reached.sum())
+
+
+def request_weight(counts: list[tuple[float, float]]) -> float:
     """Observations the run-wide estimate is worth in each request's own, from how much more the requests' acceptance
-    (all positions pooled) differs than their counts explain: the between-request variance tau^2 by the method of
-    moments (DerSimonian-Laird), and the Beta prior whose variance that is, p (1 - p) / tau^2 - 1 observations;
-    between REQUEST_WEIGHT and MAX_REQUEST_WEIGHT (REQUEST_WEIGHT with fewer than 2 requests seen)."""
-    counts = [(float(s.accepted.sum()), float(s.reached.sum())) for s in stats]
+    (counts: each request's pooled (accepted, reached)) differs than their counts explain: the between-request
+    variance tau^2 by the method of moments (DerSimonian-Laird), and the Beta prior whose variance that is,
+    p (1 - p) / tau^2 - 1 observations; between REQUEST_WEIGHT and MAX_REQUEST_WEIGHT (REQUEST_WEIGHT with fewer than
+    2 requests seen)."""
     counts = [(a, n) for a, n in counts if n > 0]
     total = sum(n for _, n in counts)
     if len(counts) < 2:
@@ -394,7 +418,7 @@ def request_weight(stats: list[AcceptanceStats]) -> float:
     return min(max(p * (1 - p) / between - 1, REQUEST_WEIGHT), MAX_REQUEST_WEIGHT)
 
 
-def _nearest(table: dict[int, float], requests: int) -> int:
+def _nearest(table: dict[int, object], requests: int) -> int:
     """The key of `table` nearest `requests` on a log scale (the fewer requests on a tie)."""
     return min(table, key=lambda n: (abs(math.log(n / max(requests, 1))), n))
 
