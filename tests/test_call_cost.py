@@ -77,7 +77,8 @@ def test_the_drift_follows_a_machine_that_slows_down_and_recovers():
 def test_a_draft_not_called_is_priced_at_the_machines_present_speed():
     """The draft's cost follows the target's drift: a busy moment that made drafting dear while it drafted (and then
     it stopped drafting, so no draft call moves its price) passes once the target's calls, made every step, run at
-    their old speed again."""
+    their old speed again, once the draft's buckets have had no call among the last FRESH_CALLS (until then they are
+    priced at their own calls)."""
     target = calibrated()
     draft = CallCost(follows=target)
     for rows, seconds in ((1, 0.03), (8, 0.1), (16, 0.26)):
@@ -86,7 +87,7 @@ def test_a_draft_not_called_is_priced_at_the_machines_present_speed():
         target.observe(16, 2 * 1.09)
         draft.observe(8, 2 * 0.1)
     assert draft(8) > 1.8 * 0.1
-    for _ in range(60):  # the machine is quiet again; nobody drafts
+    for _ in range(FRESH_CALLS + 30):  # the machine is quiet again; nobody drafts
         target.observe(1, 0.4)
     assert draft(8) == pytest.approx(0.1, rel=0.1) and draft(16) == pytest.approx(0.26, rel=0.1)
 

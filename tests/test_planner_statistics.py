@@ -13,10 +13,6 @@ from ovbuild.runtime.speculation.planner import (
     pooled,
 )
 from ovbuild.runtime.speculation.planner import request_weight as weight_of_counts
-
-
-def request_weight(stats: list[AcceptanceStats]) -> float:
-    return weight_of_counts([pooled(s) for s in stats])
 from ovbuild.testing.planner import fixed_curve
 
 # Timed calls of a Qwen3-4B-shaped pair with 4 requests at once (int8 weights, f32 math, 2-core AVX-512 EPYC):
@@ -26,6 +22,11 @@ DRAFT_4 = {6: 0.024, 8: 0.028, 16: 0.036, 24: 0.040, 32: 0.054, 48: 0.075, 64: 0
 # the same pair, one request at a time
 TARGET_1 = {1: 0.100, 3: 0.102, 6: 0.116, 8: 0.151, 12: 0.185, 16: 0.219, 32: 0.327}
 DRAFT_1 = {4: 0.024, 6: 0.024, 8: 0.028, 12: 0.031, 16: 0.041, 24: 0.048}
+
+
+def request_weight(stats: list[AcceptanceStats]) -> float:
+    """The request weight of these requests' records, all positions pooled."""
+    return weight_of_counts([pooled(s) for s in stats])
 
 
 def counted(accepted: list[float], reached: list[float]) -> AcceptanceStats:
@@ -92,15 +93,15 @@ def test_one_unlucky_verification_is_tried_again_within_a_few_steps():
     assert all(first), first
     for request, accepted in zip(requests, (0, 0, 1, 0), strict=True):
         spec.record(request, first[0], accepted)
-    for step in range(1, 41):
-        if any(spec.plan([(r, 15) for r in requests], 4, 0, 0, False)):
-            break
+    idle = 0
+    while idle < 40 and not any(spec.plan([(r, 15) for r in requests], 4, 0, 0, False)):
+        idle += 1
         spec.age(1)
         for request in requests:
             request.idle_steps += 1
             request.settle(0.95)
     assert any(spec.plan([(r, 15) for r in requests], 4, 0, 0, False)), "no plan drafted again within 40 steps"
-    assert step > 4, f"it drafted again after {step} steps: the misses were hardly weighed"
+    assert idle > 4, f"it drafted again after {idle} steps: the misses were hardly weighed"
 
 
 def test_a_draft_seen_poor_many_times_is_not_tried_again_soon():

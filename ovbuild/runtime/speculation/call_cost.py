@@ -29,8 +29,13 @@ DRIFT_RATE = 0.15
 # A bucket with a call among its model's last FRESH_CALLS calls (a draft's: its own and the target's) is priced at its
 # own calls' median as it is: the drift is measured against references that may come from another moment (a calibration
 # kept from a busy run), and scaling such buckets by it priced the 16-row calls of a Qwen3-4B-sized pair 11% (target)
-# and 38% (draft) under their own median, which leans towards long drafts.
-FRESH_CALLS = 32
+# and 38% (draft) under their own median, which leans towards long drafts. The drift itself moves with the mix of row
+# counts being called (each bucket's reference errs its own way: the calibration keeps each row count's fastest call),
+# so with 32 calls the buckets a planner left for a while were still mispriced: one request at a time at tau 8.2, the
+# 12-row target bucket at 12% over its median and the 24-row draft bucket at 23% under, kinks in the curve that drew
+# the plans to full blocks of 15. A bucket is now priced at its own median while its last call is among the last
+# PHASE_CALLS, as long as a plan trusts a bucket at all (see outdated).
+FRESH_CALLS = PHASE_CALLS
 DRIFT_CLIP = 1.5
 
 
