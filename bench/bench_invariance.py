@@ -258,11 +258,17 @@ CASES = (
 
 def difference(got: Rows, positions: list[int], alone: dict[int, Rows]) -> tuple[float, float] | None:
     """None when every row is bitwise its alone reference; else the max abs difference of logits and hidden."""
-    ref_logits = np.concatenate([alone[p].logits for p in positions])
-    ref_hidden = np.concatenate([alone[p].hidden for p in positions])
-    if np.array_equal(got.logits, ref_logits) and np.array_equal(got.hidden, ref_hidden):
+    ref = Rows(
+        np.concatenate([alone[p].logits for p in positions]), np.concatenate([alone[p].hidden for p in positions])
+    )
+    return rows_difference(got, ref)
+
+
+def rows_difference(got: Rows, ref: Rows) -> tuple[float, float] | None:
+    """None when `got` is bitwise `ref` (logits and hidden); else the max abs difference of each."""
+    if np.array_equal(got.logits, ref.logits) and np.array_equal(got.hidden, ref.hidden):
         return None
-    return float(np.abs(got.logits - ref_logits).max()), float(np.abs(got.hidden - ref_hidden).max())
+    return float(np.abs(got.logits - ref.logits).max()), float(np.abs(got.hidden - ref.hidden).max())
 
 
 def first_op(got: Rows, positions: list[int], alone: dict[int, Rows]) -> str:
@@ -368,10 +374,9 @@ def prompt_table(args, target_dir: Path) -> None:
                 got = prompt_case(model, ids, name, 200 + 10 * i)
                 for seq in range(200 + 10 * i, 204 + 10 * i):
                     model.free(seq)
-                same = np.array_equal(got.logits, alone.logits) and np.array_equal(got.hidden, alone.hidden)
-                diff = (np.abs(got.logits - alone.logits).max(), np.abs(got.hidden - alone.hidden).max())
-                cells.append("=" if same else f"{diff[0]:.1e}/{diff[1]:.1e}")
-                if not same:
+                diff = rows_difference(got, alone)
+                cells.append(cell(diff))
+                if diff is not None:
                     differing.append(name)
             probe.close()
             print(f"| {fmt} | {math} | {context} | " + " | ".join(cells) + " |", flush=True)
