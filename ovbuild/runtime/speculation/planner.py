@@ -282,13 +282,13 @@ class Speculation:
             for accepted, reached in zip(self.run.accepted.tolist(), self.run.reached.tolist(), strict=True):
                 prior = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)  # the next position's prior
                 run.append(prior)
-            seen = self.run.reached + PRIOR_WEIGHT
+            seen = float(self.run.reached[0]) + PRIOR_WEIGHT  # the first position's (see below)
             plain = np.array(run)
             # every position's standard error as if it had been seen as often as the first: a position's prior is the
             # one before it (the chain above), so a deep position is about as certain as the first; with each
             # position's own count, the bonuses of the rarely reached deep positions compounded along a block (4
             # requests at tau 5.6: k = 7 in 45% of the steps where k = 2 ran 1.11x and k = 7 0.94x)
-            bonus = self.exploration * np.sqrt(plain * (1 - plain) / seen[0])
+            bonus = self.exploration * np.sqrt(plain * (1 - plain) / seen)
             self._run_estimate = np.minimum(plain + bonus, 1.0).tolist(), run
         estimate = self._run_estimate[0 if optimistic else 1]
         if weight is None:
