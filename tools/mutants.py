@@ -303,8 +303,8 @@ MUTANTS = (
     Mutant(
         "speculation-survival-summed",
         "ovbuild/runtime/speculation/planner.py",
-        "chance *= (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)",
-        "chance += (accepted + REQUEST_WEIGHT * run) / (reached + REQUEST_WEIGHT)",
+        "chance *= (accepted + weight * run) / (reached + weight)",
+        "chance += (accepted + weight * run) / (reached + weight)",
         PLANNER,
     ),
     Mutant(
@@ -324,8 +324,8 @@ MUTANTS = (
     Mutant(
         "speculation-cost-not-monotone",
         "ovbuild/runtime/speculation/call_cost.py",
-        "self._fit = self.rows[self.seen], _monotone(now, np.maximum(calls, 1)), drift",
-        "self._fit = self.rows[self.seen], now, drift",
+        "y = _monotone(now, calls)",
+        "y = now",
         CALL_COST,
     ),
     Mutant(
@@ -345,8 +345,8 @@ MUTANTS = (
     Mutant(
         "speculation-cost-prices-the-rows-asked",
         "ovbuild/runtime/speculation/call_cost.py",
-        "rows = np.where(rows < len(self._computed), self._computed[np.minimum(rows, len(self._computed) - 1)], rows)",
-        "rows = rows",
+        "r = table[r] if r < len(table) else r",
+        "r = r",
         ("tests/test_call_cost.py", "tests/test_speculation.py"),
     ),
     Mutant(
@@ -366,8 +366,8 @@ MUTANTS = (
     Mutant(
         "speculation-cost-stale-buckets-at-old-speed",
         "ovbuild/runtime/speculation/call_cost.py",
-        "now = self.seconds[self.seen] * np.where(fresh, 1.0, drift / self.drift_then[self.seen])",
-        "now = self.seconds[self.seen] * 1.0",
+        "now.append(seconds if fresh else seconds * drift / self.drift_then[b])",
+        "now.append(seconds)",
         CALL_COST,
     ),
     Mutant(
@@ -392,10 +392,17 @@ MUTANTS = (
         PLANNER,
     ),
     Mutant(
+        "planner-retry-backs-off-from-one",
+        "ovbuild/runtime/speculation/planner.py",
+        "level = self.paused_backoff if self.streak <= RETRY_PLANS else 0",
+        "level = 0",
+        ("tests/test_planner_statistics.py",),
+    ),
+    Mutant(
         "speculation-no-exploration",
         "ovbuild/runtime/speculation/planner.py",
-        "bonus = OPTIMISM * np.sqrt(plain * (1 - plain) / seen)",
-        "bonus = 0.0 * seen",
+        "            bonus = self.exploration\n",
+        "            bonus = 0.0\n",
         PLANNER,
     ),
     Mutant(
@@ -408,15 +415,15 @@ MUTANTS = (
     Mutant(
         "speculation-context-charged-in-full",
         "ovbuild/runtime/speculation/planner.py",
-        "draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()",
-        "draft = (blocks_s + ingest).tolist()",
+        "draft = [b + (w - b) / CATCH_UP_STEPS for b, w in zip(blocks_s, whole, strict=True)]",
+        "draft = [b + (w - b) for b, w in zip(blocks_s, whole, strict=True)]",
         PLANNER,
     ),
     Mutant(
         "speculation-steady-context-at-a-share",
         "ovbuild/runtime/speculation/planner.py",
-        "steady = np.minimum(context_rows, np.array(tokens))",
-        "steady = 0 * np.array(tokens)",
+        "steady = [min(context_rows, t) for t in tokens]",
+        "steady = [0 for t in tokens]",
         PLANNER,
     ),
     Mutant(
@@ -429,8 +436,8 @@ MUTANTS = (
     Mutant(
         "speculation-expects-the-optimistic-tokens",
         "ovbuild/runtime/speculation/planner.py",
-        "plain = self.survival([s for s, _ in free], optimistic=False)",
-        "plain = survival",
+        "plain = self.survival([s for s, _ in free], False, weight) if best else [[]] * len(free)",
+        "plain = survival if best else [[]] * len(free)",
         PLANNER,
     ),
     Mutant(
@@ -713,8 +720,8 @@ MUTANTS = (
     Mutant(
         "planner-charges-a-catch-up-in-full",
         "ovbuild/runtime/speculation/planner.py",
-        "self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS)",
-        "self.target_cost(np.array(caught)), 0.0) / 1)",
+        "(t / CATCH_UP_STEPS if c else 0.0)",
+        "(t / 1 if c else 0.0)",
         PLANNER,
     ),
     # -- narrow weights -------------------------------------------------------------------------------------------

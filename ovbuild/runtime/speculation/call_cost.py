@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -76,25 +76,31 @@ class CallCost:
         self.window, self.drift_rate = window, drift_rate
         self.computed = computed
         self.follows = follows
-        # computed for every row count up to the largest bucket, looked up: a plan prices about 30 row counts per
-        # curve, and calling `computed` for each made a 4-request plan 1.4x as long (63 against 45 us)
-        self._computed = None if computed is None else np.array([computed(r) for r in range(int(BUCKETS[-1]) + 1)])
-        self.recent: list[list[tuple[int, float]]] = [[] for _ in BUCKETS]
-        self.rows = np.zeros(len(BUCKETS))  # rows and seconds of each bucket's median call
-        self.seconds = np.zeros(len(BUCKETS))
-        self.seen = np.zeros(len(BUCKETS), bool)
-        self.reference = np.zeros(len(BUCKETS))  # each bucket's first call, over the drift of then
-        self.drift_then = np.ones(len(BUCKETS))  # the drift at each bucket's last call
-        self.clock_then = np.zeros(len(BUCKETS), np.int64)  # and the clock
+        # Plain Python lists, not numpy arrays: every model call is observed right after it runs (cold caches), and a
+        # plan prices about 30 row counts per curve; with numpy scalars and arrays a 1-request plan took ~180 us on a
+        # small pair, against ~350 us for its target call. computed is looked up for every row count up to the largest
+        # bucket (calling it for each made a 4-request plan 1.4x as long).
+        self._computed = None if computed is None else [int(computed(r)) for r in range(int(BUCKETS[-1]) + 1)]
+        buckets = len(BUCKETS)
+        self.recent: list[list[tuple[int, float]]] = [[] for _ in range(buckets)]
+        self.median: list[tuple[int, float]] = [(0, 0.0)] * buckets  # (rows, seconds) of each bucket's median call
+        self.reference = [0.0] * buckets  # each bucket's first call, over the drift of then
+        self.drift_then = [1.0] * buckets  # the drift at each bucket's last call
+        self.clock_then = [0] * buckets  # and the clock
         self.own_drift = 1.0  # this model's drift (relative to `follows`' when it follows one)
         self.calls = 0  # calls observed so far, and the count at each bucket's last one
-        self.last = np.zeros(len(BUCKETS), np.int64)
+        self.last = [0] * buckets
         self._stale: set[int] = set()  # buckets with calls not yet in their median (taken when a plan asks)
-        self._fit: tuple[np.ndarray, np.ndarray, float] | None = None  # (rows, seconds, drift) of the monotone curve
+        self._fit: tuple[list[float], list[float], float, float] | None = None  # rows, seconds, slope, drift of the curve
+
+    @property
+    def seen(self) -> np.ndarray:
+        """[buckets] whether each bucket has a call."""
+        return np.array([bool(recent) for recent in self.recent])
 
     @property
     def calibrated(self) -> bool:
-        return int(self.seen.sum()) >= 2
+        return sum(1 for recent in self.recent if recent) >= 2
 
     @property
     def clock(self) -> int:
@@ -112,14 +118,13 @@ class CallCost:
             return
         rows = self._rows(rows)
         b = bucket(rows)
-        recent = self.recent[b]  # plain Python: every model call lands here, right after it (cold caches)
+        recent = self.recent[b]
         if not recent:
-            self.seen[b] = True
             self.reference[b] = seconds / self.drift
         elif self.window == 0:
             return
         elif self.drift_rate and seconds > 0:
-            expected = float(self.reference[b]) * self.drift
+            expected = self.reference[b] * self.drift
             ratio = min(max(seconds / expected, 1 / DRIFT_CLIP), DRIFT_CLIP) if expected > 0 else 1.0
             self.own_drift *= ratio**self.drift_rate
         self.calls += 1
@@ -140,46 +145,71 @@ class CallCost:
     def outdated(self, rows: int) -> bool:
         """Whether the bucket nearest `rows` has calls, none of them among the last PHASE_CALLS."""
         b = bucket(self._rows(rows))
-        return bool(self.seen[b] and self.window and self.calls - self.last[b] > PHASE_CALLS)
+        return bool(self.recent[b] and self.window and self.calls - self.last[b] > PHASE_CALLS)
 
     def _rows(self, rows: int) -> int:
         """The rows a call of `rows` rows computes (`computed`; as asked without it, or beyond the largest bucket)."""
         table = self._computed
-        return rows if table is None or rows >= len(table) else int(table[rows])
+        return rows if table is None or rows >= len(table) else table[int(rows)]
 
     def __call__(self, rows: np.ndarray | int) -> np.ndarray:
         """Predicted seconds for calls of `rows` rows now: [N] -> [N]."""
+        shape = np.shape(rows)
+        return np.array(self.prices(np.ravel(rows).tolist())).reshape(shape)
+
+    def prices(self, rows: Iterable[float]) -> list[float]:
+        """Predicted seconds for calls of each of `rows` rows now (__call__ in plain Python, for the planner)."""
+        x, y, slope, _ = self._curve()
+        table = self._computed
+        prices = []
+        for r in rows:
+            if table is not None:
+                r = int(r)  # a whole call's rows (a plan's expected context rows are fractional)
+                r = table[r] if r < len(table) else r
+            if len(x) < 2:
+                prices.append(y[0] * max(r, 1) / x[0] if x else 0.0)
+            elif r > x[-1]:
+                prices.append(y[-1] + slope * (r - x[-1]))
+            elif r <= x[0]:
+                prices.append(y[0])
+            else:
+                i = bisect.bisect_left(x, r)  # x[i - 1] < r <= x[i]
+                share = (r - x[i - 1]) / (x[i] - x[i - 1])
+                prices.append(y[i - 1] + share * (y[i] - y[i - 1]))
+        return prices
+
+    def _curve(self) -> tuple[list[float], list[float], float, float]:
+        """(rows, seconds, slope beyond the last, drift) of the curve now: each bucket with calls at its median call
+        (at today's speed when no recent call ran it), made non-decreasing; refitted when a call or the drift moved."""
         drift = self.drift
-        if self._fit is None or self._fit[2] != drift:
-            for b in self._stale:
-                recent = self.recent[b]
-                middle = (len(recent) - 1) // 2  # the median call; of an even count the lower middle one
-                self.rows[b], self.seconds[b] = sorted(recent, key=lambda call: call[1])[middle]
-            self._stale.clear()
-            calls = np.array([len(r) for r in self.recent], np.float64)[self.seen]
-            # a bucket with recent calls at their median; one without, at today's speed (the drift since its last)
-            fresh = (self.clock - self.clock_then[self.seen]) <= FRESH_CALLS
-            now = self.seconds[self.seen] * np.where(fresh, 1.0, drift / self.drift_then[self.seen])
-            self._fit = self.rows[self.seen], _monotone(now, np.maximum(calls, 1)), drift
-        if self._computed is not None:
-            rows = np.asarray(rows, np.int64)
-            rows = np.where(rows < len(self._computed), self._computed[np.minimum(rows, len(self._computed) - 1)], rows)
-        x, y, _ = self._fit  # buckets in increasing rows
-        if len(x) == 0:
-            return np.zeros(np.shape(rows))
-        if len(x) == 1:
-            return y[0] * np.maximum(np.asarray(rows, np.float64), 1) / x[0]
-        slope = max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0)
-        rows = np.asarray(rows, np.float64)
-        return np.where(rows > x[-1], y[-1] + slope * (rows - x[-1]), np.interp(rows, x, y))
+        if self._fit is not None and self._fit[3] == drift:
+            return self._fit
+        for b in self._stale:
+            recent = self.recent[b]
+            middle = (len(recent) - 1) // 2  # the median call; of an even count the lower middle one
+            self.median[b] = sorted(recent, key=lambda call: call[1])[middle]
+        self._stale.clear()
+        clock, x, now, calls = self.clock, [], [], []
+        for b, recent in enumerate(self.recent):
+            if recent:
+                rows, seconds = self.median[b]
+                # a bucket with recent calls at their median; one without, at today's speed (the drift since its last)
+                fresh = clock - self.clock_then[b] <= FRESH_CALLS
+                x.append(float(rows))
+                now.append(seconds if fresh else seconds * drift / self.drift_then[b])
+                calls.append(max(len(recent), 1))
+        y = _monotone(now, calls)
+        slope = max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0) if len(x) > 1 else 0.0
+        self._fit = x, y, slope, drift
+        return self._fit
 
 
-def _monotone(y: np.ndarray, weight: np.ndarray) -> np.ndarray:
+def _monotone(y: list[float], weight: list[int]) -> list[float]:
     """The closest non-decreasing sequence to y in weighted least squares (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [mean, weight, count] of each pooled run
-    for value, w in zip(y.tolist(), weight.tolist(), strict=True):
+    for value, w in zip(y, weight, strict=True):
         blocks.append([value, w, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
             blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.array([m for m, _, n in blocks for _ in range(n)])
+    return [m for m, _, n in blocks for _ in range(n)]
