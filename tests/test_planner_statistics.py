@@ -1,13 +1,16 @@
 """The planner's statistics: how far a request's own record counts against the run's (empirical Bayes), how thin
-evidence is tried again while nobody drafts (UCB-like exploration), and host times kept as medians."""
+evidence is tried again while nobody drafts (UCB-like exploration), how plans back off while nobody drafts, and host
+times kept as medians."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ovbuild.runtime.speculation.planner import (
+    MAX_PLAN_BACKOFF,
     MAX_REQUEST_WEIGHT,
     REQUEST_WEIGHT,
+    RETRY_PLANS,
     AcceptanceStats,
     Speculation,
     pooled,
@@ -128,3 +131,18 @@ def test_one_slow_drafting_step_does_not_price_every_later_plan():
     assert spec.host_costs(4)[1] > 1e-2  # one step is all it knows
     spec.observe_host(1.0e-3, drafted=True, requests=4)
     assert spec.host_costs(4)[1] < 1e-3
+
+
+def test_a_retry_that_fails_resumes_the_backoff_where_it_stood():
+    """Plans for nobody back off 1, 2, 4, ... up to MAX_PLAN_BACKOFF steps; a retry (at most RETRY_PLANS drafting
+    plans) that ends resumes at the backoff it began at, not from 1; drafting that took hold (a longer streak) backs
+    off from 1 again when it stops."""
+    spec = planner()
+    steps = [spec.back_off(False) for _ in range(7)]
+    assert steps == [1, 2, 4, 8, 16, 32, 32] and MAX_PLAN_BACKOFF == 32
+    for _ in range(RETRY_PLANS):
+        assert spec.back_off(True) == 0, "a plan that drafts is followed by a plan next step"
+    assert spec.back_off(False) == MAX_PLAN_BACKOFF, "the retry ended: back to every 32nd step at once"
+    for _ in range(RETRY_PLANS + 1):
+        spec.back_off(True)
+    assert spec.back_off(False) == 1, "drafting took hold, then stopped: plans back off from 1 again"

@@ -92,6 +92,11 @@ FLUSH_ROWS = 256  # pending context rows of one request that force a draft call 
 # after a model call cost ~0.27 ms here in numpy (cold caches: 5x its warm cost) and still ~0.1 ms in plain Python:
 # at every 8th step plans were 3% of a 1-request step on the demo pair.
 MAX_PLAN_BACKOFF = 32
+# A drafting streak of at most this many plans that began while the planner was backing off is a retry (the
+# exploration bonus grew, or the evidence faded): when it ends, backing off resumes where it stood, rather than from 1
+# again. On a pair where drafting loses (bench_runtime.py --losing), each failed retry otherwise cost six plans on the
+# way back to MAX_PLAN_BACKOFF, a quarter of the 1.5 ms retry.
+RETRY_PLANS = 2
 # A catch-up (the taps of rows that ran without them, ovbuild.runtime.catch_up) is paid once and serves every step the
 # request then drafts, and more: taps are left out again only after six plans in a row drafted for nobody, backing off
 # to MAX_PLAN_BACKOFF (37 steps). A plan charges this share of it: planning one step ahead, a plan that charged all of
@@ -162,6 +167,9 @@ class Speculation:
     # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
     # 64-token request made 6 plans where 2 would do.
     backoff: int = 0
+    # the backoff a drafting streak began at, and the streak's plans so far (see RETRY_PLANS)
+    paused_backoff: int = 0
+    streak: int = 0
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
@@ -210,6 +218,18 @@ class Speculation:
             self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
             seconds = min(time_draft(rows) for _ in range(3))
             self.draft_cost.observe(draft_rows_run(rows) if draft_rows_run else rows, seconds)
+
+    def back_off(self, drafted: bool) -> int:
+        """A plan was made (`drafted`: for somebody): the steps to skip before the next. While drafting pays for
+        nobody, plans come every 2nd, 4th, 8th, ... step (MAX_PLAN_BACKOFF); a retry that ends resumes that pace."""
+        if drafted:
+            self.paused_backoff = self.backoff or self.paused_backoff
+            self.backoff, self.streak = 0, self.streak + 1
+            return 0
+        level = self.paused_backoff if self.streak <= RETRY_PLANS else 0
+        self.backoff = min(2 * (self.backoff or level) or 1, MAX_PLAN_BACKOFF)
+        self.paused_backoff, self.streak = 0, 0
+        return self.backoff
 
     def observe_host(self, seconds: float, drafted: bool = False, requests: int = 1) -> None:
         """One step's seconds outside its calls; `drafted`: the step made a draft call; `requests`: in the step."""
@@ -283,13 +303,13 @@ class Speculation:
                 prior = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)  # the next position's prior
                 run.append(prior)
             seen = float(self.run.reached[0]) + PRIOR_WEIGHT  # the first position's (see below)
-            plain = np.array(run)
             # every position's standard error as if it had been seen as often as the first: a position's prior is the
             # one before it (the chain above), so a deep position is about as certain as the first; with each
             # position's own count, the bonuses of the rarely reached deep positions compounded along a block (4
             # requests at tau 5.6: k = 7 in 45% of the steps where k = 2 ran 1.11x and k = 7 0.94x)
-            bonus = self.exploration * np.sqrt(plain * (1 - plain) / seen)
-            self._run_estimate = np.minimum(plain + bonus, 1.0).tolist(), run
+            bonus = self.exploration
+            optimistic = [min(p + bonus * math.sqrt(p * (1 - p) / seen), 1.0) for p in run]
+            self._run_estimate = optimistic, run
         estimate = self._run_estimate[0 if optimistic else 1]
         if weight is None:
             weight = self.request_weight(stats)
@@ -343,8 +363,8 @@ class Speculation:
         up while nobody drafted made every later draft call look dearer (4 requests on the demo pair: 281 pending
         rows, 2.9 ms against 0.9 ms for the blocks alone) until drafting never resumed.
 
-        Plain Python but for the two cost curves: a plan runs right after a model call, where each small numpy call
-        costs several microseconds (cold caches); this way a plan costs about a third less there."""
+        Plain Python, the cost curves' prices too (CallCost.prices): a plan runs right after a model call, where each
+        small numpy call costs several microseconds (cold caches)."""
         if not free or max(k for _, k in free) <= 0:
             return [0] * len(free)  # nothing to choose: nobody may draft
         weight = self.request_weight([s for s, _ in free])
@@ -362,18 +382,18 @@ class Speculation:
             tokens.append(tokens[-1] - realism * negative_chance)
             blocks.append(blocks[-1] + 1 + (self.candidate_offset if j == 0 else 0))  # a block of k + offset rows
             caught.append(caught[-1] + (gaps[request] if j == 0 else 0))  # a first proposal brings its gap's rows
-        target = self.target_cost(np.arange(fixed_target_rows, fixed_target_rows + len(tokens))).tolist()
+        target = self.target_cost.prices(range(fixed_target_rows, fixed_target_rows + len(tokens)))
         # A draft call carries the blocks and the context rows committed since the last one. While drafting goes on,
         # those are what each step commits (the step's tokens), paid every step: they are charged in full. Only the
         # context beyond that, a backlog from steps without a draft call, is charged at its share.
-        steady = np.minimum(context_rows, np.array(tokens))
-        own = np.array(blocks) + fixed_draft_rows + steady
-        blocks_s = self.draft_cost(own)
-        ingest = self.draft_cost(own + np.array(caught) + (context_rows - steady)) - blocks_s
-        draft = (blocks_s + ingest / CATCH_UP_STEPS).tolist()
+        steady = [min(context_rows, t) for t in tokens]
+        own = [b + fixed_draft_rows + s for b, s in zip(blocks, steady, strict=True)]
+        blocks_s = self.draft_cost.prices(own)
+        whole = self.draft_cost.prices(o + c + context_rows - s for o, c, s in zip(own, caught, steady, strict=True))
+        draft = [b + (w - b) / CATCH_UP_STEPS for b, w in zip(blocks_s, whole, strict=True)]
         if caught[-1]:
-            catch = (np.where(np.array(caught) > 0, self.target_cost(np.array(caught)), 0.0) / CATCH_UP_STEPS).tolist()
-            draft = [d + c for d, c in zip(draft, catch, strict=True)]
+            catch = self.target_cost.prices(caught)
+            draft = [d + (t / CATCH_UP_STEPS if c else 0.0) for d, t, c in zip(draft, catch, caught, strict=True)]
         anyway = force_draft or fixed_draft_rows > 0
         host_s, draft_host_s = self.host_costs(len(free) if requests is None else requests)
         rates = [
