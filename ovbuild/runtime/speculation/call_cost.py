@@ -91,7 +91,8 @@ class CallCost:
         self.calls = 0  # calls observed so far, and the count at each bucket's last one
         self.last = [0] * buckets
         self._stale: set[int] = set()  # buckets with calls not yet in their median (taken when a plan asks)
-        self._fit: tuple[list[float], list[float], float, float] | None = None  # rows, seconds, slope, drift of the curve
+        # rows, seconds, slope beyond the last and drift of the monotone curve (_curve)
+        self._fit: tuple[list[float], list[float], float, float] | None = None
 
     @property
     def seen(self) -> np.ndarray:
