@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ovbuild.runtime.model.static_rows import padded_rows
-from ovbuild.runtime.speculation.call_cost import DRIFT_CLIP, DRIFT_RATE, FRESH_CALLS, CallCost
+from ovbuild.runtime.speculation.call_cost import DRIFT_CLIP, DRIFT_RATE, FOLD_AFTER, FRESH_CALLS, CallCost
 
 
 def test_call_cost_interpolates_extrapolates_and_resists_spikes():
@@ -105,3 +105,17 @@ def test_a_call_is_kept_and_priced_at_the_rows_it_computes():
     plain.observe(12, 1.5)
     plain.observe(13, 2.0)
     assert plain.seen.sum() == 1 and plain(12) == pytest.approx(1.5), "without copies: kept as requested (12 and 13)"
+
+
+def test_calls_wait_to_be_folded_in_but_never_many():
+    """Calls are folded in when the costs are next read, in their order, as if each had been folded at once; a cost
+    that nobody reads (every draft length pinned) keeps at most FOLD_AFTER of them waiting."""
+    lazy, eager = calibrated(), calibrated()
+    drifts = []
+    for i in range(2 * FOLD_AFTER + 5):
+        lazy.observe(16, 1.09 * (1 + (i % 7) / 10))
+        eager.observe(16, 1.09 * (1 + (i % 7) / 10))
+        drifts.append(eager.drift)  # read: folded at once
+        assert len(lazy._unfolded) < FOLD_AFTER
+    assert len(set(drifts)) > 7, "the calls moved the drift"
+    assert lazy.drift == eager.drift and lazy(np.array([1, 8, 16])).tolist() == eager(np.array([1, 8, 16])).tolist()

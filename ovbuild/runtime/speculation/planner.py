@@ -68,6 +68,11 @@ OPTIMISM = 1.0
 # otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
 # half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
 RUN_IDLE_DECAY = 0.997
+# Each retry that fails (see RETRY_PLANS) doubles that half-life, up to MAX_PATIENCE times; drafting that takes hold
+# resets it. Every fade brought a retry, and on a pair where drafting loses (bench_runtime.py --losing, 4 requests) a
+# retry drafted 7 for every request, a draft call of 3 ms on 0.5 ms steps: with retries every ~230 steps the planner
+# ran at 0.90x the target alone, against 0.94x without any. Failures in a row are evidence that fading forgets.
+MAX_PATIENCE = 8
 # Observations the run-wide estimate is worth in a request's own: at least REQUEST_WEIGHT; with several requests, as
 # much as the spread between the requests' acceptance allows (empirical Bayes, request_weight): where requests accept
 # alike, a request's own ten or so recent verifications are mostly luck. Weighed at 4 on a Qwen3-4B-shaped pair, 4
@@ -170,6 +175,7 @@ class Speculation:
     # the backoff a drafting streak began at, and the streak's plans so far (see RETRY_PLANS)
     paused_backoff: int = 0
     streak: int = 0
+    patience: int = 1  # how many times RUN_IDLE_DECAY's half-life the run-wide evidence fades over (MAX_PATIENCE)
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
@@ -221,11 +227,16 @@ class Speculation:
 
     def back_off(self, drafted: bool) -> int:
         """A plan was made (`drafted`: for somebody): the steps to skip before the next. While drafting pays for
-        nobody, plans come every 2nd, 4th, 8th, ... step (MAX_PLAN_BACKOFF); a retry that ends resumes that pace."""
+        nobody, plans come every 2nd, 4th, 8th, ... step (MAX_PLAN_BACKOFF); a retry that ends resumes that pace,
+        and the run-wide evidence then fades more slowly (MAX_PATIENCE)."""
         if drafted:
             self.paused_backoff = self.backoff or self.paused_backoff
             self.backoff, self.streak = 0, self.streak + 1
+            if self.streak > RETRY_PLANS:
+                self.patience = 1  # drafting took hold: forget at the base pace again
             return 0
+        if 0 < self.streak <= RETRY_PLANS and self.paused_backoff > 0:  # a retry failed
+            self.patience = min(2 * self.patience, MAX_PATIENCE)
         level = self.paused_backoff if self.streak <= RETRY_PLANS else 0
         self.backoff = min(2 * (self.backoff or level) or 1, MAX_PLAN_BACKOFF)
         self.paused_backoff, self.streak = 0, 0
@@ -333,7 +344,7 @@ class Speculation:
         if idle_steps <= 0:
             return
         self.since_drafted += idle_steps
-        fade = RUN_IDLE_DECAY**idle_steps
+        fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)
         self.run.fade(fade)
         self.expected_tokens *= fade
         self.accepted_tokens *= fade
