@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 from ovbuild.runtime.speculation.planner import (
+    MAX_PATIENCE,
     MAX_PLAN_BACKOFF,
     MAX_REQUEST_WEIGHT,
     REQUEST_WEIGHT,
     RETRY_PLANS,
+    RUN_IDLE_DECAY,
     AcceptanceStats,
     Speculation,
     pooled,
@@ -146,3 +148,24 @@ def test_a_retry_that_fails_resumes_the_backoff_where_it_stood():
     for _ in range(RETRY_PLANS + 1):
         spec.back_off(True)
     assert spec.back_off(False) == 1, "drafting took hold, then stopped: plans back off from 1 again"
+
+
+def test_failed_retries_make_the_run_wide_evidence_fade_more_slowly():
+    """Each retry that fails doubles the half-life over which the run's evidence fades while nobody drafts (up to
+    MAX_PATIENCE times), so a pair where drafting keeps losing is retried ever more rarely; drafting that takes hold
+    restores the base pace. Expected: the fade over 100 idle steps is RUN_IDLE_DECAY ** (100 / patience)."""
+    spec = planner()
+    for _ in range(6):
+        spec.back_off(False)  # backed off all the way
+    patience = []
+    for _ in range(5):
+        spec.back_off(True)  # a retry of one plan, which fails
+        spec.back_off(False)
+        patience.append(spec.patience)
+    assert patience == [2, 4, 8, 8, 8] and MAX_PATIENCE == 8
+    spec.run.reached[:] = 10.0
+    spec.age(100)
+    assert spec.run.reached[0] == 10.0 * RUN_IDLE_DECAY ** (100 / 8)
+    for _ in range(RETRY_PLANS + 1):
+        spec.back_off(True)
+    assert spec.patience == 1, "drafting took hold"

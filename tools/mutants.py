@@ -399,6 +399,20 @@ MUTANTS = (
         ("tests/test_planner_statistics.py",),
     ),
     Mutant(
+        "planner-fades-at-one-pace-after-failed-retries",
+        "ovbuild/runtime/speculation/planner.py",
+        "fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)",
+        "fade = RUN_IDLE_DECAY**idle_steps",
+        ("tests/test_planner_statistics.py",),
+    ),
+    Mutant(
+        "call-cost-never-folds-an-unread-cost",
+        "ovbuild/runtime/speculation/call_cost.py",
+        "        if len(self._unfolded) >= FOLD_AFTER:\n",
+        "        if False:\n",
+        ("tests/test_call_cost.py",),
+    ),
+    Mutant(
         "speculation-no-exploration",
         "ovbuild/runtime/speculation/planner.py",
         "            bonus = self.exploration\n",
