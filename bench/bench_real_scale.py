@@ -12,7 +12,8 @@ at that acceptance: call costs, planning, host work, rollback, and the draft len
 Printed per concurrency and tau: tokens/s of both sides while decoding (from the last first token to the last finish:
 the prompts' prefill is the same work on both sides, and bench_cost_model's figures are per decode step), the speed-up
 (target alone's seconds over speculation's, taken within each interleaved round: median and range) decoding and over
-whole runs, the draft lengths chosen, the acceptance measured, and next to it the speed-up bench/bench_cost_model.py
+whole runs, next to an A/A control (the target alone run twice a round: what the machine does to a ratio by itself),
+the draft lengths chosen, the acceptance measured, and next to it the speed-up bench/bench_cost_model.py
 implies from timed calls for the same tau ("after": the adaptive plan), per step and for runs of this many tokens (a
 request's last steps propose only what it still lacks: finite_share), and for the acceptance the texts drew (a few
 short texts stray from the a set: the runtime is judged against what it was given). Then the target alone against
@@ -248,7 +249,8 @@ def finite_share(a: float, ks: list[int], tokens: int, tau_k: float, trials: int
 def run_concurrency(serving: Serving, n: int, args, rng) -> None:
     prompts = [rng.integers(1000, 100000, args.prompt_tokens).tolist() for _ in range(n)]
     serving.alone(prompts)  # the truths the steered drafter proposes from
-    cases = {"alone": lambda: serving.alone(prompts)}
+    # the target alone twice a round: how far this machine moves a ratio of the same work by itself (the A/A control)
+    cases = {"alone": lambda: serving.alone(prompts), "alone A/A": lambda: serving.alone(prompts)}
     cases |= {f"tau {tau}": (lambda tau=tau: serving.speculative(prompts, tau)) for tau in args.taus}
     # untimed warm-up of the cases that learn (the planners); pinned draft lengths have nothing to learn, and their
     # calls are the same calls: they are timed from the first round
@@ -277,7 +279,8 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
           f"tokens each, {args.rounds} rounds; decode phase (after the first token; the prefill is the same work on "
           "both sides), and whole runs:")  # fmt: skip
     print(f"  target alone: {decoded / rounds.median('alone'):.2f} tokens/s decoding (median round), "
-          f"{statistics.median(walls['alone']):.2f} s a run")  # fmt: skip
+          f"{statistics.median(walls['alone']):.2f} s a run; A/A control (the target alone again) "
+          f"{rounds.ratio('alone', 'alone A/A')}")  # fmt: skip
     print(f"  timed calls (requests x rows, median, calls): target {target_calls}; draft {draft_calls}")
     costs = serving.plans[args.taus[0]]  # the planners share their cost curves
     priced = (1, 2, 4, 6, 8, 12, 16, 24, 32)
