@@ -68,9 +68,10 @@ from ovbuild.runtime.cache.kv_cache import SequenceRows, sequence_rows
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.acceptance import AcceptanceStats
 from ovbuild.runtime.speculation.call_cost import BUCKETS
 from ovbuild.runtime.speculation.drafters import BlockDrafter
-from ovbuild.runtime.speculation.planner import AcceptanceStats, Speculation
+from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.targets import build_paged_target, load_target
 from ovbuild.testing import write_tiny_dflash, write_tiny_target
 from ovbuild.testing.tiny_hybrid import write_tiny_hybrid_dflash, write_tiny_hybrid_target

@@ -6,18 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ovbuild.runtime.speculation.planner import (
-    MAX_PATIENCE,
-    MAX_PLAN_BACKOFF,
-    MAX_REQUEST_WEIGHT,
-    REQUEST_WEIGHT,
-    RETRY_PLANS,
-    RUN_IDLE_DECAY,
-    AcceptanceStats,
-    Speculation,
-    pooled,
-)
-from ovbuild.runtime.speculation.planner import request_weight as weight_of_counts
+from ovbuild.runtime.speculation.acceptance import MAX_REQUEST_WEIGHT, REQUEST_WEIGHT, AcceptanceStats, pooled
+from ovbuild.runtime.speculation.acceptance import request_weight as weight_of_counts
+from ovbuild.runtime.speculation.planner import MAX_PATIENCE, MAX_PLAN_BACKOFF, RETRY_PLANS, RUN_IDLE_DECAY, Speculation
 from ovbuild.testing.planner import fixed_curve
 
 # Timed calls of a Qwen3-4B-shaped pair with 4 requests at once (int8 weights, f32 math, 2-core AVX-512 EPYC):

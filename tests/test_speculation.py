@@ -14,6 +14,7 @@ from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.model.static_rows import COPY_ROWS, padded_rows
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
+from ovbuild.runtime.speculation.acceptance import IDLE_DECAY, AcceptanceStats
 from ovbuild.runtime.speculation.call_cost import PHASE_CALLS, CallCost
 from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.runtime.speculation.drafters.base import DraftItem
@@ -21,10 +22,8 @@ from ovbuild.runtime.speculation.planner import (
     CALIBRATION_ROWS,
     CATCH_UP_STEPS,
     DRAFT_MARGIN,
-    IDLE_DECAY,
     MAX_PLAN_BACKOFF,
     REPLAN_AFTER_CHANGE,
-    AcceptanceStats,
     Speculation,
 )
 from ovbuild.testing import TINY_TARGET

@@ -443,7 +443,7 @@ MUTANTS = (
     Mutant(
         "speculation-evidence-never-ages",
         "ovbuild/runtime/speculation/planner.py",
-        "fade = RUN_IDLE_DECAY**idle_steps",
+        "fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)",
         "fade = 1.0",
         PLANNER,
     ),

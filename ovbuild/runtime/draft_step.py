@@ -19,9 +19,10 @@ from ovbuild.runtime.catch_up import catch_up, catch_up_rows
 from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import Request, Status
+from ovbuild.runtime.speculation.acceptance import IDLE_DECAY
 from ovbuild.runtime.speculation.calibration import calibrate
 from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal
-from ovbuild.runtime.speculation.planner import FLUSH_ROWS, IDLE_DECAY, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, Speculation
 
 
 @dataclass

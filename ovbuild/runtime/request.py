@@ -16,8 +16,8 @@ from ovbuild.runtime.decode.penalties import Penalties, check_penalties
 from ovbuild.runtime.decode.sampling import SamplingParams, check_sampling, check_verification
 from ovbuild.runtime.images import ImagePrompt
 from ovbuild.runtime.metrics import RequestMetrics
+from ovbuild.runtime.speculation.acceptance import AcceptanceStats
 from ovbuild.runtime.speculation.drafters.base import Proposal
-from ovbuild.runtime.speculation.planner import AcceptanceStats
 from ovbuild.runtime.structured.spec import Constraint, check_logit_bias
 from ovbuild.runtime.validation import check_positive_int, check_stop_strings
 
