@@ -8,9 +8,12 @@ overhead); pass --target/--draft checkpoint folders (e.g. the shipped demo pair)
 target only three times the draft's depth), the draft steered (ovbuild.testing.steered) to be right at each position
 with chance 0.35 (mean acceptance length about 1.5). There no draft length pays, so the adaptive planner must run as
 fast as the target alone (within the A/A noise: the target alone twice per round); a pinned k = 3 shows what drafting
-would cost.
+would cost. `--losing-hidden` widens both (heads of 32, the MLP 3x the hidden size): at hidden 256 a target call takes
+0.35 ms, where the draft pipeline's host work on every step (tens of microseconds of Python) weighs as much as the
+planner's choices; at 512, a few milliseconds.
 
-    python bench/bench_runtime.py [--target CKPT --draft CKPT | --losing] [--new-tokens 64] [--rounds 3]
+    python bench/bench_runtime.py [--target CKPT --draft CKPT | --losing [--losing-hidden 256]] [--new-tokens 64]
+        [--rounds 3]
 
 With --structured it measures constrained decoding instead (docs/serve.md#structured-output): a JSON schema against
 no constraint at 1 and 16 requests, alone and with the draft, whose proposals are masked by the grammar (its best
@@ -53,9 +56,17 @@ from ovbuild.weights.checkpoint import Checkpoint
 
 import harness
 
-# --losing: the pair's widths and the steered draft's chance of being right at a position
-LOSING_TARGET = dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=4)
+# --losing: the steered draft's chance of being right at a position
 LOSING_CHANCE = 0.35
+
+
+def losing_widths(hidden: int) -> dict:
+    """The losing pair's widths at this hidden size: heads of 32 (as the tiny checkpoints have), half as many KV heads,
+    an MLP three times as wide."""
+    heads = hidden // 32
+    return dict(
+        hidden_size=hidden, intermediate_size=3 * hidden, num_attention_heads=heads, num_key_value_heads=heads // 2
+    )
 
 
 class Mode:
@@ -102,6 +113,7 @@ def main() -> None:
     parser.add_argument("--inference-precision", default=None)
     parser.add_argument("--structured", action="store_true", help="constrained against free decoding (see above)")
     parser.add_argument("--losing", action="store_true", help="a pair where drafting loses (see above)")
+    parser.add_argument("--losing-hidden", type=int, default=256, help="the losing pair's hidden size (see above)")
     harness.add_arguments(parser, rounds=3)
     args = parser.parse_args()
     if args.structured:
@@ -109,7 +121,7 @@ def main() -> None:
         return
     harness.start("Runtime: a target and draft pair, 1, 4 and 16 concurrent requests, with the draft and alone")
     with tempfile.TemporaryDirectory() as tmp:
-        widths = LOSING_TARGET if args.losing else {}
+        widths = losing_widths(args.losing_hidden) if args.losing else {}
         hidden = widths.get("hidden_size", 64)
         target_dir = Path(args.target) if args.target else write_tiny_target(Path(tmp) / "t", **widths)
         draft_dir = (
