@@ -153,7 +153,8 @@ def main() -> None:
             # A new text every round (the same for every mode of the round): the planner keeps what it learns across
             # rounds, as a pipeline does across requests, and on one text run again and again the retries it makes
             # while backed off fall on the same positions of it every run (where the steered draft happened to be
-            # right: a run-wide first-position acceptance near 1 where it is 0.35, and retries at 2.4x the rate).
+            # right: a run-wide first-position acceptance near 1 where it is 0.35, and a full block retried every ~200
+            # steps).
             sets = [
                 [rng.integers(0, min(tcfg.vocab_size, 256), 32).tolist() for _ in range(n)]
                 for _ in range(args.rounds + 1)
