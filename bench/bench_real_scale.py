@@ -12,8 +12,10 @@ at that acceptance: call costs, planning, host work, rollback, and the draft len
 Printed per concurrency and tau: tokens/s of both sides while decoding (from the last first token to the last finish:
 the prompts' prefill is the same work on both sides, and bench_cost_model's figures are per decode step), the speed-up
 (target alone's seconds over speculation's, taken within each interleaved round: median and range) decoding and over
-whole runs, next to an A/A control (the target alone run twice a round: what the machine does to a ratio by itself),
-the draft lengths chosen, the acceptance measured, and next to it the speed-up bench/bench_cost_model.py
+whole runs and while every request decodes (up to the first finish: with speculation requests finish at different
+steps, and a closed batch's last steps serve fewer requests, a tail a server refilling its slots does not have), next
+to an A/A control (the target alone run twice a round: what the machine does to a ratio by itself), the draft lengths
+chosen, the acceptance measured, and next to it the speed-up bench/bench_cost_model.py
 implies from timed calls for the same tau ("after": the adaptive plan), per step and for runs of this many tokens (a
 request's last steps propose only what it still lacks: finite_share), and for the acceptance the texts drew (a few
 short texts stray from the a set: the runtime is judged against what it was given). Then the target alone against
@@ -50,7 +52,7 @@ import numpy as np
 from ovbuild.export import export
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
-from ovbuild.runtime.request import GenerationConfig
+from ovbuild.runtime.request import GenerationConfig, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.call_cost import BUCKETS, bucket
 from ovbuild.runtime.speculation.planner import Speculation
@@ -137,6 +139,7 @@ class Serving:
         self.draft_lengths = {tau: [] for tau in taus}  # decode steps that drafted 0, 1, ... tokens (summed)
         self.acceptance = {tau: [] for tau in taus}  # mean acceptance length per run
         self.wall = 0.0  # seconds of the last run, prefill included (timed_run)
+        self.full = float("nan")  # tokens/s of the last run while every request decoded (full_batch_rate)
         self.target_log, self.draft_log = CallLog(pipeline.target), CallLog(inner.model)
 
     def alone(self, prompts: list[list[int]]) -> harness.Measured:
@@ -152,8 +155,13 @@ class Serving:
         which bench_cost_model's per-step figures speak of: the prompts' prefill is the same work on both sides).
         The whole run's seconds are kept in self.wall."""
         start = time.perf_counter()
-        scheduler.run()
+        steps = []  # after each step: (its end, tokens generated so far, requests finished so far)
+        while scheduler.has_unfinished():
+            scheduler.step()
+            done = sum(r.status is Status.FINISHED for r in requests)
+            steps.append((time.perf_counter(), sum(len(r.generated) for r in requests), done))
         self.wall = time.perf_counter() - start
+        self.full = full_batch_rate(steps, max(r.metrics.first_token_time for r in requests))
         first = max(r.metrics.first_token_time for r in requests)
         last = max(r.metrics.finish_time for r in requests)
         return harness.Measured(last - first, [r.generated for r in requests])
@@ -180,6 +188,17 @@ class Serving:
         for r in requests:
             drafter.truths.pop(r.id, None)
         return out
+
+
+def full_batch_rate(steps: list[tuple[float, int, int]], decoding_from: float) -> float:
+    """Tokens/s from the step that gave the last request its first token to the first step a request finished in:
+    while every request decodes. With speculation requests finish at different steps, and the run's last steps serve
+    fewer requests than it began with (a closed batch's tail, which a server refilling its slots does not have)."""
+    begin = next(i for i, (end, _, _) in enumerate(steps) if end >= decoding_from)
+    end = next(i for i, (_, _, done) in enumerate(steps) if done)
+    if end <= begin:
+        return float("nan")
+    return (steps[end][1] - steps[begin][1]) / (steps[end][0] - steps[begin][0])
 
 
 class CallLog:
@@ -262,10 +281,14 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
         for k in args.sweep
     }
     walls: dict[str, list[float]] = {name: [] for name in cases}  # whole runs, prefill included
+    fulls: dict[str, list[float]] = {name: [] for name in cases}  # tokens/s while every request decodes
+
+    def kept(name: str) -> None:
+        walls[name].append(serving.wall)
+        fulls[name].append(serving.full)
+
     since = len(serving.target_log.calls), len(serving.draft_log.calls)
-    rounds = harness.interleave(
-        cases, args.rounds, seed=args.seed, warmup=False, check=lambda name, _: walls[name].append(serving.wall)
-    )
+    rounds = harness.interleave(cases, args.rounds, seed=args.seed, warmup=False, check=lambda name, _: kept(name))
     harness.require_equal(rounds.outputs, "alone")
     target_calls, draft_calls = serving.target_log.table(since[0]), serving.draft_log.table(since[1])
     decoded = n * (args.new_tokens - 1)  # the first token of each request comes from its prefill
@@ -297,7 +320,8 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
         ratio = rounds.ratio("alone", name)
         line = (
             f"  tau {tau:>4} (a = {serving.chance[tau]:.3f} per position): {decoded / rounds.median(name):.2f} "
-            f"tokens/s decoding, speed-up {ratio} (whole runs {harness.ratio_of(walls['alone'], walls[name])}); "
+            f"tokens/s decoding, speed-up {ratio} (whole runs {harness.ratio_of(walls['alone'], walls[name])}; "
+            f"while every request decodes {harness.ratio_of(fulls[name], fulls['alone'])}); "
             f"measured acceptance length {statistics.median(serving.acceptance[tau]):.2f}; draft lengths chosen "
             f"{lengths_line(serving.draft_lengths[tau])}"
         )
