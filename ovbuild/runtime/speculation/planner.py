@@ -68,9 +68,10 @@ OPTIMISM = 1.0
 # half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
 RUN_IDLE_DECAY = 0.997
 # Each retry that fails (see RETRY_PLANS) doubles that half-life, up to MAX_PATIENCE times; drafting that takes hold
-# resets it. Every fade brought a retry, and on a pair where drafting loses (bench_runtime.py --losing, 4 requests) a
-# retry drafted 7 for every request, a draft call of 3 ms on 0.5 ms steps: with retries every ~230 steps the planner
-# ran at 0.90x the target alone, against 0.94x without any. Failures in a row are evidence that fading forgets.
+# resets it. Every fade brought a retry, and on the losing pair of bench_runtime.py --losing with 4 requests a retry
+# drafted 7 for every request, a draft call of 3 ms on 0.5 ms steps: in an interleaved A/B (docs/speed.md) the pipeline
+# ran at 0.90x the target alone with retries every ~230 steps, 0.93x with this patience and 0.94x with no retries at
+# all. Failures in a row are evidence that fading forgets.
 MAX_PATIENCE = 8
 FINISHED_KEPT = 16
 # A plan that makes a draft call where none is needed must promise this many times the tokens per second of not
@@ -87,8 +88,8 @@ FLUSH_ROWS = 256  # pending context rows of one request that force a draft call 
 MAX_PLAN_BACKOFF = 32
 # A drafting streak of at most this many plans that began while the planner was backing off is a retry (the
 # exploration bonus grew, or the evidence faded): when it ends, backing off resumes where it stood, rather than from 1
-# again. On a pair where drafting loses (bench_runtime.py --losing), each failed retry otherwise cost six plans on the
-# way back to MAX_PLAN_BACKOFF, a quarter of the 1.5 ms retry.
+# again. On a pair where drafting loses (bench_runtime.py --losing, one request), each failed retry otherwise cost six
+# plans (~0.5 ms) on the way back to MAX_PLAN_BACKOFF, beside the retry's own 1.5 ms draft call.
 RETRY_PLANS = 2
 # A catch-up (the taps of rows that ran without them, ovbuild.runtime.catch_up) is paid once and serves every step the
 # request then drafts, and more: taps are left out again only after six plans in a row drafted for nobody, backing off
