@@ -153,7 +153,7 @@ class Serving:
     def timed_run(self, scheduler: Scheduler, requests: list) -> harness.Measured:
         """Run the requests; their tokens, timed from the last first token to the last finish (the decode phase,
         which bench_cost_model's per-step figures speak of: the prompts' prefill is the same work on both sides).
-        The whole run's seconds are kept in self.wall."""
+        The whole run's seconds are kept in self.wall, its tokens/s while every request decoded in self.full."""
         start = time.perf_counter()
         steps = []  # after each step: (its end, tokens generated so far, requests finished so far)
         while scheduler.has_unfinished():
@@ -161,8 +161,8 @@ class Serving:
             done = sum(r.status is Status.FINISHED for r in requests)
             steps.append((time.perf_counter(), sum(len(r.generated) for r in requests), done))
         self.wall = time.perf_counter() - start
-        self.full = full_batch_rate(steps, max(r.metrics.first_token_time for r in requests))
         first = max(r.metrics.first_token_time for r in requests)
+        self.full = full_batch_rate(steps, first)
         last = max(r.metrics.finish_time for r in requests)
         return harness.Measured(last - first, [r.generated for r in requests])
 

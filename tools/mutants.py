@@ -394,7 +394,7 @@ MUTANTS = (
     Mutant(
         "planner-retry-backs-off-from-one",
         "ovbuild/runtime/speculation/planner.py",
-        "level = self.paused_backoff if self.streak <= RETRY_PLANS else 0",
+        "level = self.paused_backoff if retried else 0",
         "level = 0",
         ("tests/test_planner_statistics.py",),
     ),

@@ -196,7 +196,7 @@ class CallCost:
         for r in rows:
             if table is not None:
                 r = int(r)  # a whole call's rows (a plan's expected context rows are fractional)
-                r = table[r] if r < len(table) else r
+                r = table[r] if r < len(table) else r  # _rows, inlined: a plan prices ~100 row counts
             if len(x) < 2:
                 prices.append(y[0] * max(r, 1) / x[0] if x else 0.0)
             elif r > x[-1]:

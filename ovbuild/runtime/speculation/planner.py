@@ -193,9 +193,10 @@ class Speculation:
             if self.streak > RETRY_PLANS:
                 self.patience = 1  # drafting took hold: forget at the base pace again
             return 0
-        if 0 < self.streak <= RETRY_PLANS and self.paused_backoff > 0:  # a retry failed
+        retried = 0 < self.streak <= RETRY_PLANS and self.paused_backoff > 0
+        if retried:  # and it failed
             self.patience = min(2 * self.patience, MAX_PATIENCE)
-        level = self.paused_backoff if self.streak <= RETRY_PLANS else 0
+        level = self.paused_backoff if retried else 0
         self.backoff = min(2 * (self.backoff or level) or 1, MAX_PLAN_BACKOFF)
         self.paused_backoff, self.streak = 0, 0
         return self.backoff
