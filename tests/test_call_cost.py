@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from ovbuild.runtime.model.static_rows import padded_rows
-from ovbuild.runtime.speculation.call_cost import DRIFT_CLIP, DRIFT_RATE, FOLD_AFTER, FRESH_CALLS, CallCost
+from ovbuild.runtime.speculation.call_cost import (
+    DRIFT_CLIP,
+    DRIFT_RATE,
+    FOLD_AFTER,
+    FRESH_CALLS,
+    NUMPY_PRICES,
+    CallCost,
+)
 
 
 def test_call_cost_interpolates_extrapolates_and_resists_spikes():
@@ -119,3 +126,15 @@ def test_calls_wait_to_be_folded_in_but_never_many():
         assert len(lazy._unfolded) < FOLD_AFTER
     assert len(set(drifts)) > 7, "the calls moved the drift"
     assert lazy.drift == eager.drift and lazy(np.array([1, 8, 16])).tolist() == eager(np.array([1, 8, 16])).tolist()
+
+
+def test_many_row_counts_are_priced_as_one_at_a_time():
+    """A plan prices hundreds of row counts at once (in numpy from NUMPY_PRICES on): bitwise the prices of each row
+    count asked alone, padded to its copy's rows or not, fractional rows among them, inside and beyond the curve."""
+    rng = np.random.default_rng(0)
+    for computed in (padded_rows, None):
+        cost = CallCost(computed=computed)
+        for rows, seconds in ((1, 3e-4), (2, 3.1e-4), (4, 3.5e-4), (8, 4e-4), (16, 6e-4), (64, 1.7e-3), (128, 3e-3)):
+            cost.observe(rows, seconds)
+        rows = [*range(3 * NUMPY_PRICES), *rng.uniform(0, 3000, NUMPY_PRICES).tolist()]
+        assert cost.prices(rows) == [cost.prices([r])[0] for r in rows]

@@ -14,6 +14,7 @@ def test_reserve_grows_tables_and_free_returns_every_block():
     assert a.reserve(0, 9) == [0, 1, 2]  # ceil(9 / 4) blocks, handed out from block 0 up
     assert a.reserve(1, 4) == [3]
     assert a.reserve(0, 12) == [0, 1, 2] and a.blocks_needed(0, 13) == 1  # already held: nothing new
+    assert a.holds(0, 12) and not a.holds(0, 13) and not a.holds(5, 1)  # room for 12 tokens in 3 blocks of 4
     assert a.reserve(0, 13) == [0, 1, 2, 4]
     assert a.free_blocks == 3
     a.free(0)

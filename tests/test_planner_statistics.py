@@ -8,7 +8,14 @@ import numpy as np
 
 from ovbuild.runtime.speculation.acceptance import MAX_REQUEST_WEIGHT, REQUEST_WEIGHT, AcceptanceStats, pooled
 from ovbuild.runtime.speculation.acceptance import request_weight as weight_of_counts
-from ovbuild.runtime.speculation.planner import MAX_PATIENCE, MAX_PLAN_BACKOFF, RETRY_PLANS, RUN_IDLE_DECAY, Speculation
+from ovbuild.runtime.speculation.planner import (
+    MAX_PATIENCE,
+    MAX_PLAN_BACKOFF,
+    PLAN_SHARE,
+    RETRY_PLANS,
+    RUN_IDLE_DECAY,
+    Speculation,
+)
 from ovbuild.testing.planner import fixed_curve
 
 # Timed calls of a Qwen3-4B-shaped pair with 4 requests at once (int8 weights, f32 math, 2-core AVX-512 EPYC):
@@ -139,6 +146,20 @@ def test_a_retry_that_fails_resumes_the_backoff_where_it_stood():
     for _ in range(RETRY_PLANS + 1):
         spec.back_off(True)
     assert spec.back_off(False) == 1, "drafting took hold, then stopped: plans back off from 1 again"
+
+
+def test_plans_dear_next_to_their_steps_come_further_apart():
+    """Where a plan costs more than PLAN_SHARE of the plain steps between two plans (a fast target, many requests), the
+    backoff goes on doubling past MAX_PLAN_BACKOFF to the steps that keep it within that share, up to
+    MAX_PLAN_BACKOFF * MAX_PATIENCE; a plan that cheap next to its steps keeps MAX_PLAN_BACKOFF."""
+    spec = planner()
+    spec.plan_s, spec.plain_step_s = 1e-3, 1e-3  # a plan as long as a step: 1 / PLAN_SHARE = 200 steps apart
+    steps = [spec.back_off(False) for _ in range(10)]
+    assert steps == [1, 2, 4, 8, 16, 32, 64, 128, 200, 200] and PLAN_SHARE == 0.005
+    spec.plan_s = 1e-2  # 2000 steps apart would keep the share: capped
+    assert spec.back_off(False) == MAX_PLAN_BACKOFF * MAX_PATIENCE
+    spec.plan_s = 1e-5
+    assert spec.back_off(False) == MAX_PLAN_BACKOFF
 
 
 def test_failed_retries_make_the_run_wide_evidence_fade_more_slowly():

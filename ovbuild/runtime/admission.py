@@ -122,6 +122,8 @@ class Admission:
             rows = self._rows_wanted(request)
             while True:
                 lengths = self._step_lengths(request, request.target_len + rows)
+                if all(cache.holds(request.id, lengths[name]) for name, cache in caches):
+                    break  # every step of a decoding request but one in block_size: kept cheap
                 if all(cache.can_hold(request.id, lengths[name]) for name, cache in caches):
                     for name, cache in caches:
                         cache.reserve(request.id, lengths[name])

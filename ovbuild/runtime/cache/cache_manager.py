@@ -43,6 +43,10 @@ class CacheManager(ABC):
         """Whether `seq_id` can grow to `length` tokens with the blocks free now."""
 
     @abstractmethod
+    def holds(self, seq_id: int, length: int) -> bool:
+        """Whether `seq_id` already has room for `length` tokens (reserve would take nothing)."""
+
+    @abstractmethod
     def reserve(self, seq_id: int, length: int) -> None:
         """Grow `seq_id`'s share to `length` tokens; raises CacheExhaustedError (changing nothing) if it can't."""
 
@@ -124,6 +128,9 @@ class BlocksAndSlots(CacheManager):
     def can_hold(self, seq_id: int, length: int) -> bool:
         has_slot = self.states.has(seq_id) or self.states.free_slots > 0
         return has_slot and self.blocks.can_hold(seq_id, length)
+
+    def holds(self, seq_id: int, length: int) -> bool:
+        return self.states.has(seq_id) and self.blocks.holds(seq_id, length)
 
     def reserve(self, seq_id: int, length: int) -> None:
         if not self.states.has(seq_id) and not self.states.free_slots:

@@ -73,6 +73,10 @@ class BlockAllocator(CacheManager):
     def can_hold(self, seq_id: int, length: int) -> bool:
         return self.blocks_needed(seq_id, length) <= self.free_blocks
 
+    def holds(self, seq_id: int, length: int) -> bool:
+        table = self.tables.get(seq_id)
+        return seq_id in self.pinned or (table is not None and length <= len(table) * self.block_size)
+
     def _take(self) -> int:
         """The block at the front of the free queue, its registration dropped (its contents are about to change)."""
         block, _ = self._free.popitem(last=False)

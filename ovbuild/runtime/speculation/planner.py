@@ -86,6 +86,11 @@ FLUSH_ROWS = 256  # pending context rows of one request that force a draft call 
 # after a model call cost ~0.27 ms here in numpy (cold caches: 5x its warm cost) and still ~0.1 ms in plain Python:
 # at every 8th step plans were 3% of a 1-request step on the demo pair.
 MAX_PLAN_BACKOFF = 32
+# Further apart where a plan costs more than this share of the plain steps between two plans, up to MAX_PLAN_BACKOFF
+# times MAX_PATIENCE: a plan is plain Python over every request's every position, and with 16 requests on the losing
+# pair of bench_runtime.py --losing one took ~0.64 ms, half a 1.3 ms step. Plans (their seconds, Speculation.plan_s)
+# are timed only where host time is learnt (learn_host).
+PLAN_SHARE = 0.005
 # A drafting streak of at most this many plans that began while the planner was backing off is a retry (the
 # exploration bonus grew, or the evidence faded): when it ends, backing off resumes where it stood, rather than from 1
 # again. On a pair where drafting loses (bench_runtime.py --losing, one request), each failed retry otherwise cost six
@@ -135,6 +140,8 @@ class Speculation:
     streak: int = 0
     patience: int = 1  # how many times RUN_IDLE_DECAY's half-life the run-wide evidence fades over (MAX_PATIENCE)
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
+    plan_s: float = 0.0  # seconds a plan takes (EMA; see PLAN_SHARE)
+    plain_step_s: float = 0.0  # what the last plan priced a step without drafting at (its target call and host time)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
     # host seconds of the recent steps without and with a draft call, by the requests in the step (HOST_WINDOW each)
@@ -197,9 +204,18 @@ class Speculation:
         if retried:  # and it failed
             self.patience = min(2 * self.patience, MAX_PATIENCE)
         level = self.paused_backoff if retried else 0
-        self.backoff = min(2 * (self.backoff or level) or 1, MAX_PLAN_BACKOFF)
+        self.backoff = min(2 * (self.backoff or level) or 1, self.longest_backoff)
         self.paused_backoff, self.streak = 0, 0
         return self.backoff
+
+    @property
+    def longest_backoff(self) -> int:
+        """Steps between plans at most while nobody drafts: MAX_PLAN_BACKOFF, or as many as keep the plans within
+        PLAN_SHARE of the plain steps' time, up to MAX_PLAN_BACKOFF * MAX_PATIENCE."""
+        if self.plain_step_s <= 0:
+            return MAX_PLAN_BACKOFF
+        paced = self.plan_s / (PLAN_SHARE * self.plain_step_s)
+        return int(min(max(paced, MAX_PLAN_BACKOFF), MAX_PLAN_BACKOFF * MAX_PATIENCE))
 
     def observe_host(self, seconds: float, drafted: bool = False, requests: int = 1) -> None:
         """One step's seconds outside its calls; `drafted`: the step made a draft call; `requests`: in the step."""
@@ -212,7 +228,10 @@ class Speculation:
         if self._drafting_host:
             self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
         table = self._host_drafting if drafted else self._host_plain
-        table.setdefault(max(requests, 1), deque(maxlen=HOST_WINDOW)).append(seconds)
+        window = table.get(max(requests, 1))
+        if window is None:  # not setdefault: its default would be built every step
+            window = table[max(requests, 1)] = deque(maxlen=HOST_WINDOW)
+        window.append(seconds)
 
     def host_costs(self, requests: int) -> tuple[float, float]:
         """(host seconds of a step of `requests` requests without a draft call, what a draft call adds to them), from
@@ -337,6 +356,7 @@ class Speculation:
         small numpy call costs several microseconds (cold caches)."""
         if not free or max(k for _, k in free) <= 0:
             return [0] * len(free)  # nothing to choose: nobody may draft
+        start = time.perf_counter()
         weight = self.request_weight([s for s, _ in free])
         survival = self.survival([s for s, _ in free], weight=weight)
         # every proposal that may be taken, best first; ties keep request-major order, each request's positions in order
@@ -384,6 +404,9 @@ class Speculation:
         plain = self.survival([s for s, _ in free], False, weight) if best else [[]] * len(free)
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
+        if self.learn_host:
+            self.plain_step_s = target[0] + host_s
+            self.plan_s = _ema(self.plan_s, time.perf_counter() - start)
         return lengths
 
 
