@@ -94,8 +94,8 @@ MUTANTS = (
     Mutant(
         "scheduler-rejected-taps-committed",
         "ovbuild/runtime/verification.py",
-        "request.add_taps(taps[: accepted + 1])",
-        "request.add_taps(taps)",
+        "request.add_taps(hidden, row, accepted + 1)",
+        "request.add_taps(hidden, row, len(greedy))",
         SPECULATIVE,
     ),
     Mutant(
@@ -678,8 +678,8 @@ MUTANTS = (
     Mutant(
         "scheduler-takes-taps-after-a-gap",
         "ovbuild/runtime/verification.py",
-        "        if taps is not None and request.gap == 0:\n            request.add_taps(taps[: accepted + 1])",
-        "        if taps is not None:\n            request.add_taps(taps[: accepted + 1])",
+        "        if hidden is not None and request.gap == 0:\n            request.add_taps(hidden, row, accepted + 1)",
+        "        if hidden is not None:\n            request.add_taps(hidden, row, accepted + 1)",
         UNTAPPED,
     ),
     Mutant(

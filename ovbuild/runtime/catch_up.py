@@ -90,7 +90,7 @@ def catch_up(target: PagedModel, requests: list[Request], max_rows: int) -> list
             allocator.free(CATCH_UP - i)
     begin = 0
     for request, r, dropped in zip(done, rows, skip, strict=True):
-        request.add_taps(taps[begin + dropped : begin + r.num_rows])
+        request.add_taps(taps, begin + dropped, r.num_rows - dropped)
         begin += r.num_rows
     return done
 

@@ -120,7 +120,8 @@ class Request:
     finish_reason: FinishReason | None = None
     text: str = ""
     target_len: int = 0  # tokens committed to the target cache (the anchor is not among them)
-    pending_taps: list[np.ndarray] = field(default_factory=list)  # target taps the draft has not seen yet
+    # target taps the draft has not seen yet: (array, first row, end row) of each step (see add_taps)
+    pending_taps: list[tuple[np.ndarray, int, int]] = field(default_factory=list)
     pending_rows: int = 0  # rows in pending_taps
     # tokens, from the first, whose taps the draft has been given or has pending; fewer than target_len after calls
     # that ran without taps (a gap, which ovbuild.runtime.catch_up closes before the request drafts again)
@@ -155,11 +156,14 @@ class Request:
             self.hashes[block_size] = known
         return known[: length // block_size]
 
-    def add_taps(self, taps: np.ndarray) -> None:
-        """Keep target taps for the draft; `taps` must not be overwritten later (not a view of an output tensor)."""
-        self.pending_taps.append(taps)
-        self.pending_rows += len(taps)
-        self.taps_len += len(taps)
+    def add_taps(self, taps: np.ndarray, start: int = 0, rows: int | None = None) -> None:
+        """Keep `rows` rows of target taps from row `start` (all of them when None) for the draft; `taps` must not be
+        overwritten later (not a view of an output tensor). Kept as (array, start, end), sliced when taken: a request
+        keeps a step's taps every step, and most are taken many steps later, by one draft call, or never."""
+        end = len(taps) if rows is None else start + rows
+        self.pending_taps.append((taps, start, end))
+        self.pending_rows += end - start
+        self.taps_len += end - start
 
     @property
     def gap(self) -> int:
@@ -173,7 +177,8 @@ class Request:
 
     def take_taps(self) -> np.ndarray | None:
         """All pending taps as one [rows, width] array (None if there are none), now handed to the draft."""
-        taps = np.concatenate(self.pending_taps) if self.pending_taps else None
+        parts = [taps[start:end] for taps, start, end in self.pending_taps]
+        taps = np.concatenate(parts) if parts else None
         self.pending_taps, self.pending_rows = [], 0
         return taps
 

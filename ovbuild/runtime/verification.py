@@ -73,7 +73,9 @@ class Verification:
             self.speculation.target_cost.observe(len(ids), seconds)
         outputs = dict(out)
         if plan.taps and out.get(TAPS) is not None:
-            outputs[TAPS] = out[TAPS].copy()  # one copy per call: the requests keep slices of it for the draft
+            # the requests keep slices of the taps for the draft: one copy per call of a view of the output tensor,
+            # none of taps widened from bf16 (PagedModel.widened), an array of their own already
+            outputs[TAPS] = out[TAPS] if TAPS in self.target.widened else out[TAPS].copy()
         else:
             outputs.pop(TAPS, None)
         return outputs
@@ -83,16 +85,15 @@ class Verification:
         returns the requests that finished."""
         greedy = outputs[GREEDY_IDS].tolist()  # [R], the argmax computed inside the graph (ints: compared one by one)
         logits = outputs[LOGITS]  # [R, V], a view of the output tensor: only sampling requests read their rows
-        hidden = outputs.get(TAPS)
+        hidden = outputs.get(TAPS)  # [rows, taps width]: the requests keep their rows of it for the draft
         done, row, logit_row = [], 0, 0
         for part in plan.rows:
             request, tokens, want = part.request, part.tokens, part.wanted
-            taps = hidden[row : row + len(tokens)] if hidden is not None else None
             rows = slice(logit_row, logit_row + len(want))
             if request.status is Status.PREFILL:
-                self._prefilled(request, tokens, taps, greedy[rows], logits[rows])
+                self._prefilled(request, tokens, hidden, row, greedy[rows], logits[rows])
             else:
-                self._verify(request, greedy[rows], taps, logits[rows])
+                self._verify(request, greedy[rows], hidden, row, logits[rows])
             if request.status is Status.FINISHED:
                 done.append(request)
             row += len(tokens)
@@ -107,9 +108,12 @@ class Verification:
         hashes = request.block_hashes(cache.block_size, request.target_len) if self.prefix_caching else None
         cache.commit(request.id, start, request.target_len, hashes)
 
-    def _prefilled(self, request: Request, chunk: list[int], taps, greedy: list[int], logits: np.ndarray) -> None:
-        if taps is not None and request.gap == 0:  # after a gap, taps wait for the catch-up (they must be in order)
-            request.add_taps(taps)
+    def _prefilled(
+        self, request: Request, chunk: list[int], hidden, row: int, greedy: list[int], logits: np.ndarray
+    ) -> None:
+        """hidden: the call's taps (None without), the chunk's from `row` on."""
+        if hidden is not None and request.gap == 0:  # after a gap, taps wait for the catch-up (they must be in order)
+            request.add_taps(hidden, row, len(chunk))
         start = request.target_len
         if request.config.prompt_logprobs is not None:
             record_prompt_logprobs(request, start, logits)
@@ -124,7 +128,8 @@ class Verification:
             request.metrics.first_token_time = time.perf_counter()
             append_tokens(request, [first_token(request, greedy[-1], logits[-1:])], logits[-1:], self.detokenize)
 
-    def _verify(self, request: Request, greedy: list[int], taps, logits: np.ndarray) -> None:
+    def _verify(self, request: Request, greedy: list[int], hidden, row: int, logits: np.ndarray) -> None:
+        """hidden: the call's taps (None without), the request's verification rows' from `row` on."""
         proposal = request.proposal
         committed = verified_tokens(request, greedy, logits)
         accepted = len(committed) - 1
@@ -135,8 +140,8 @@ class Verification:
         request.metrics.record_verification(len(proposal), accepted)
         if self.speculation is not None:
             self.speculation.record(request.acceptance, len(proposal), accepted)
-        if taps is not None and request.gap == 0:
-            request.add_taps(taps[: accepted + 1])
+        if hidden is not None and request.gap == 0:
+            request.add_taps(hidden, row, accepted + 1)  # the anchor's and the accepted proposals' rows
         start = request.target_len
         request.target_len += accepted + 1  # the anchor and the accepted draft tokens are now in the target cache
         request.proposal = Proposal()
