@@ -81,6 +81,11 @@ class Mode:
         if self.drafter is not None and steer is not None:
             vocab = self.target.vocab_size
             self.drafter = SteeredDrafter(self.drafter, vocab, accept_chance=steer)
+        # every static copy compiled before timing, as the server does (Pipeline.compile_copies): compiled on first
+        # use instead, a copy took 0.1-0.3 s in the middle of a timed round, the first time a retry drafted its size
+        self.target.compile_copies()
+        if self.drafter is not None:
+            self.drafter.compile_copies()
         spec = self.drafter and Speculation(self.drafter.max_candidates, self.drafter.candidate_offset)
         self.speculation, self.pinned = spec, pinned
         self.truths: dict[tuple[int, ...], list[int]] = {}  # prompt -> prompt + the target alone's tokens

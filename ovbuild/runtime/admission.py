@@ -100,38 +100,39 @@ class Admission:
             ("draft", self.drafter.cache_manager, tokens + offset + longest),
         ]
 
-    def _step_lengths(self, request: Request, end: int) -> dict[str, int]:
-        """Tokens each cache must hold for a step whose target rows of `request` end at `end` (and its draft call).
+    def _step_lengths(self, request: Request, end: int) -> list[int]:
+        """Tokens each cache must hold for a step whose target rows of `request` end at `end` (and its draft call), in
+        the order of `caches`: the target's, then the draft's.
 
         The draft call after it writes the request's context rows (at most up to `end`) and a block of its next
         proposal, never longer than the tokens the request may still generate: so no step needs more than the
         request's budget (`budgets`), and a request that fits alone always runs."""
-        lengths = {"target": end}
-        if self.drafter is not None:
-            longest = min(self.drafter.max_candidates, max(request.remaining - 1, 0))
-            lengths["draft"] = end + longest + self.drafter.candidate_offset
-        return lengths
+        if self.drafter is None:
+            return [end]
+        longest = min(self.drafter.max_candidates, max(request.remaining - 1, 0))
+        return [end, end + longest + self.drafter.candidate_offset]
 
     def _grow(self, plan: StepPlan) -> None:
         """Blocks for every running request's rows of this step, oldest first; when a cache runs out, the most recently
         admitted running request is preempted (the one growing itself, when it is the last)."""
-        caches = self.caches.items()  # once per step: the property builds its dict each time it is asked
+        caches = list(self.caches.values())  # once per step: the property builds its dict each time it is asked
         for request in list(self.running):
             if request not in self.running:
                 continue  # preempted for an older one
             rows = self._rows_wanted(request)
             while True:
                 lengths = self._step_lengths(request, request.target_len + rows)
-                if all(cache.holds(request.id, lengths[name]) for name, cache in caches):
+                if all(cache.holds(request.id, n) for cache, n in zip(caches, lengths, strict=True)):
                     break  # every step of a decoding request but one in block_size: kept cheap
-                if all(cache.can_hold(request.id, lengths[name]) for name, cache in caches):
-                    for name, cache in caches:
-                        cache.reserve(request.id, lengths[name])
+                if all(cache.can_hold(request.id, n) for cache, n in zip(caches, lengths, strict=True)):
+                    for cache, n in zip(caches, lengths, strict=True):
+                        cache.reserve(request.id, n)
                     break
                 victim = self.running[-1]
                 if victim is request and len(self.running) == 1:
+                    asked = dict(zip(self.caches, lengths, strict=True))
                     raise CacheExhaustedError(
-                        f"request {request.id} does not fit the caches even alone ({lengths} tokens asked)"
+                        f"request {request.id} does not fit the caches even alone ({asked} tokens asked)"
                     )
                 self._preempt(victim, plan)
                 if victim is request:
@@ -198,14 +199,13 @@ class Admission:
         """Give the request its cached prefix and blocks for its whole context in every cache; False (holding
         nothing) when some cache lacks the room now."""
         lengths = self._step_lengths(request, request.context_len + 1)
-        hits = {"target": hit, "draft": draft_hit}
         started = []
         try:
-            for name, cache in self.caches.items():
+            for cache, cached, length in zip(self.caches.values(), (hit, draft_hit), lengths, strict=False):
                 started.append(cache)
-                if hits[name]:
-                    cache.resume(request.id, request.block_hashes(cache.block_size, hits[name]), hits[name])
-                cache.reserve(request.id, lengths[name])
+                if cached:
+                    cache.resume(request.id, request.block_hashes(cache.block_size, cached), cached)
+                cache.reserve(request.id, length)
         except CacheExhaustedError:
             for cache in started:
                 cache.free(request.id)
