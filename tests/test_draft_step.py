@@ -10,7 +10,7 @@ from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.drafters import BlockDrafter
-from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, REPLAN_RATIO, Speculation
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -90,8 +90,34 @@ def test_the_planner_keeps_its_skip_counters_and_settles_them_per_request():
     plan = planner.plan([b, pinned])  # skips are left, but a pinned request drafts now
     assert plan.lengths == {1: 0, 2: 2} and spec.plans == 2 and planner.skips_left == 0
     planner.skips_left = 30
-    planner.batch_changed()
+    planner.started(decoding(spec, 3))  # 3 decoding where the last plan had 2: REPLAN_RATIO times as many
+    assert planner.skips_left == REPLAN_AFTER_CHANGE and spec.planned_requests == 2 and REPLAN_RATIO == 1.5
+
+
+def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
+    """Requests that start or stop decoding bring the next plan forward only when their count moves REPLAN_RATIO
+    times from the last plan's (4 -> 5 keeps the pace, 4 -> 6 and 4 -> 2 do not); a new scheduler's planner goes on
+    at the pace its Speculation had backed off to."""
+    spec = speculation(NeverDrafts)
+    planner = DraftPlanner(spec, 7, 1, max_rows=64)
+    four = [decoding(spec, i) for i in range(4)]
+    for request in four:
+        planner.started(request)
+    planner.plan(four)
+    assert spec.planned_requests == 4 and planner.skips_left == 1
+    planner.skips_left = 30
+    fifth = decoding(spec, 4)
+    planner.started(fifth)
+    assert planner.skips_left == 30
+    planner.started(decoding(spec, 5))
     assert planner.skips_left == REPLAN_AFTER_CHANGE
+    planner.skips_left = 30
+    for request in (fifth, *four[:3]):
+        request.metrics.first_token_time = 1.0
+        planner.released(request)
+    assert len(planner.decoding) == 2 and planner.skips_left == REPLAN_AFTER_CHANGE
+    spec.backoff = 16
+    assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == 16
 
 
 def test_the_step_plan_names_the_draft_length_its_rows_verify(models):

@@ -22,7 +22,7 @@ from ovbuild.runtime.request import Request, Status
 from ovbuild.runtime.speculation.acceptance import IDLE_DECAY
 from ovbuild.runtime.speculation.calibration import calibrate
 from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal
-from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, REPLAN_RATIO, Speculation
 
 
 @dataclass
@@ -58,7 +58,11 @@ class DraftPlanner:
         """max_candidates, candidate_offset: the drafter's; max_rows: the scheduler's max_num_batched_tokens."""
         self.speculation = speculation
         self.max_candidates, self.candidate_offset, self.max_rows = max_candidates, candidate_offset, max_rows
-        self.skips_left = 0  # steps left without a draft-length plan (Speculation.backoff after a plan for nobody)
+        # Steps left without a draft-length plan (Speculation.backoff after a plan for nobody). A new scheduler goes on
+        # at its planner's pace: one request at a time, each scheduler's first plan cost ~0.2 ms in a 64-token
+        # request's first step (0.9% of its steps on the losing pair of bench_runtime.py --losing).
+        self.skips_left = speculation.backoff
+        self.decoding: set[int] = set()  # the requests decoding now (see batch_changed)
         self.skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
         self.idle = 0  # steps since the last plan in which nobody drafted (the run-wide evidence ages by them)
 
@@ -138,6 +142,7 @@ class DraftPlanner:
                     request.acceptance.idle_steps += 1  # what it missed fades: drafting resumes when it pays
             self.idle += not any(chosen)
             self.skips_left = self.speculation.back_off(any(chosen))
+            self.speculation.planned_requests = len(decoding)
         return lengths
 
     def _prefill_rows(self, running: list[Request]) -> int:
@@ -148,6 +153,7 @@ class DraftPlanner:
     def started(self, request: Request) -> None:
         """A request starts decoding: skip steps before this one are not its own, and the batch changed."""
         request.skipped_at = self.skipped
+        self.decoding.add(request.id)
         self.batch_changed()
 
     def released(self, request: Request) -> None:
@@ -156,11 +162,19 @@ class DraftPlanner:
             self.settle(request)
             if request.acceptance is not None:
                 self.speculation.retire(request.acceptance)
+        self.stopped(request)
+
+    def stopped(self, request: Request) -> None:
+        """A request stops decoding (released, or preempted to run again later): the batch changed."""
+        self.decoding.discard(request.id)
         self.batch_changed()
 
     def batch_changed(self) -> None:
-        """A request started or stopped decoding: plan again soon, however far the planner had backed off."""
-        self.skips_left = min(self.skips_left, REPLAN_AFTER_CHANGE)
+        """Requests started or stopped decoding: plan again soon, however far the planner had backed off, when their
+        count is now REPLAN_RATIO times the count of the last plan or less than its 1 / REPLAN_RATIO."""
+        now, planned = len(self.decoding), self.speculation.planned_requests
+        if now and max(now, planned) >= REPLAN_RATIO * max(min(now, planned), 1):
+            self.skips_left = min(self.skips_left, REPLAN_AFTER_CHANGE)
 
     def settle(self, request: Request) -> None:
         """Account the steps skipped since the request was last planned: each drafted 0 tokens, and what the request

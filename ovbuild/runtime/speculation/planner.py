@@ -90,7 +90,7 @@ MAX_PLAN_BACKOFF = 32
 # times MAX_PATIENCE: a plan is plain Python over every request's every position, and with 16 requests on the losing
 # pair of bench_runtime.py --losing one took ~0.64 ms, half a 1.3 ms step. Plans (their seconds, Speculation.plan_s)
 # are timed only where host time is learnt (learn_host).
-PLAN_SHARE = 0.005
+PLAN_SHARE = 0.0025
 # A drafting streak of at most this many plans that began while the planner was backing off is a retry (the
 # exploration bonus grew, or the evidence faded): when it ends, backing off resumes where it stood, rather than from 1
 # again. On a pair where drafting loses (bench_runtime.py --losing, one request), each failed retry otherwise cost six
@@ -102,8 +102,11 @@ RETRY_PLANS = 2
 # it would never draft again after a long gap.
 CATCH_UP_STEPS = 32
 # A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
-# within this many steps however far the planner had backed off.
+# within this many steps however far the planner had backed off, when the decoding requests are REPLAN_RATIO times as
+# many as at the last plan, or as few as 1 / REPLAN_RATIO of them. A smaller change moves the step's costs little
+# (the plans keep their pace): one request after another, each new one drew a plan of ~0.2 ms on the losing pair.
 REPLAN_AFTER_CHANGE = 4
+REPLAN_RATIO = 1.5
 # Plans draft for a request when its recent acceptance was high, and acceptance regresses to the mean: the tokens a
 # plan expects are more than its verifications accept. With bf16 target math on the demo pair the planner drafted in
 # 58% of the steps, one request at a time, where every pinned k lost to the target alone (floor 0.83x), and ran at
@@ -139,6 +142,7 @@ class Speculation:
     paused_backoff: int = 0
     streak: int = 0
     patience: int = 1  # how many times RUN_IDLE_DECAY's half-life the run-wide evidence fades over (MAX_PATIENCE)
+    planned_requests: int = 0  # the requests decoding at the last plan (see REPLAN_RATIO)
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
     plan_s: float = 0.0  # seconds a plan takes (EMA; see PLAN_SHARE)
     plain_step_s: float = 0.0  # what the last plan priced a step without drafting at (its target call and host time)
