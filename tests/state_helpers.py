@@ -81,7 +81,6 @@ class ToyHybridTarget:
         self.compile_s = 0.0  # as PagedModel: no static copies
         self.can_skip_taps = False  # as PagedModel with states: every call has its taps
         self.image_width = None  # as PagedModel of a text-only target: no image inputs
-        self.widened = ()  # as PagedModel in f32 math: the taps come as a view of the output, copied when kept
         self.calls = 0
 
     def run(

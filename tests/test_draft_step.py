@@ -91,13 +91,14 @@ def test_the_planner_keeps_its_skip_counters_and_settles_them_per_request():
     assert plan.lengths == {1: 0, 2: 2} and spec.plans == 2 and planner.skips_left == 0
     planner.skips_left = 30
     planner.started(decoding(spec, 3))  # 3 decoding where the last plan had 2: REPLAN_RATIO times as many
+    planner.batch_changed()
     assert planner.skips_left == REPLAN_AFTER_CHANGE and spec.planned_requests == 2 and REPLAN_RATIO == 1.5
 
 
 def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
     """Requests that start or stop decoding bring the next plan forward only when their count moves REPLAN_RATIO
-    times from the last plan's (4 -> 5 keeps the pace, 4 -> 6 and 4 -> 2 do not); a new scheduler's planner goes on
-    at the pace its Speculation had backed off to."""
+    times from the last plan's (4 -> 5 and 4 -> 3 keep the pace, 4 -> 6 does not), weighed once a step by its plan;
+    a new scheduler's planner goes on at the pace its Speculation had backed off to."""
     spec = speculation(NeverDrafts)
     planner = DraftPlanner(spec, 7, 1, max_rows=64)
     four = [decoding(spec, i) for i in range(4)]
@@ -106,16 +107,20 @@ def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
     planner.plan(four)
     assert spec.planned_requests == 4 and planner.skips_left == 1
     planner.skips_left = 30
-    fifth = decoding(spec, 4)
+    fifth, sixth = decoding(spec, 4), decoding(spec, 5)
     planner.started(fifth)
-    assert planner.skips_left == 30
-    planner.started(decoding(spec, 5))
-    assert planner.skips_left == REPLAN_AFTER_CHANGE
+    planner.plan([*four, fifth])  # a change is weighed by the next step's plan
+    assert planner.skips_left == 29, "5 where the last plan had 4: skipped"
+    planner.started(sixth)
+    planner.plan([*four, fifth, sixth])
+    assert planner.skips_left == REPLAN_AFTER_CHANGE - 1
     planner.skips_left = 30
-    for request in (fifth, *four[:3]):
+    for request in (fifth, sixth, *four[:2]):  # 2 left, but started and stopped within a step: weighed once
         request.metrics.first_token_time = 1.0
         planner.released(request)
-    assert len(planner.decoding) == 2 and planner.skips_left == REPLAN_AFTER_CHANGE
+    planner.started(decoding(spec, 6))
+    planner.plan([*four[2:], sixth])
+    assert len(planner.decoding) == 3 and planner.skips_left == 29, "3 where the last plan had 4: skipped"
     spec.backoff = 16
     assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == 16
 

@@ -150,8 +150,9 @@ class Admission:
         tokens joined to its prompt (a prefix hit, when its blocks are still cached)."""
         self._free_caches(request)
         request.status = Status.WAITING
-        request.target_len = request.taps_len = request.pending_rows = 0
-        request.pending_taps, request.proposal = [], Proposal()
+        request.target_len = request.taps_len = 0
+        request.drop_taps()
+        request.proposal = Proposal()
         request.num_preemptions += 1
         self.running.remove(request)
         self.waiting.insert(0, request)

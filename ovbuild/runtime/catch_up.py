@@ -84,7 +84,7 @@ def catch_up(target: PagedModel, requests: list[Request], max_rows: int) -> list
         if target.states is not None:
             feeds |= starting_states(target, states, last)
         out = target.run(rows, feeds)
-        taps = np.array(out[TAPS])  # [rows, n * H]: a copy, the output tensor is the next call's
+        taps = out[TAPS]  # [rows, n * H]: each request copies its rows (Request.add_taps)
     finally:
         for i in range(len(done)):
             allocator.free(CATCH_UP - i)

@@ -63,6 +63,7 @@ class DraftPlanner:
         # request's first step (0.9% of its steps on the losing pair of bench_runtime.py --losing).
         self.skips_left = speculation.backoff
         self.decoding: set[int] = set()  # the requests decoding now (see batch_changed)
+        self.changed = False  # requests started or stopped decoding since the last step (see batch_changed)
         self.skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
         self.idle = 0  # steps since the last plan in which nobody drafted (the run-wide evidence ages by them)
 
@@ -80,6 +81,8 @@ class DraftPlanner:
     def plan(self, running: list[Request]) -> DraftPlan:
         """The draft lengths of the running requests for their next verification, and what forces or precedes the
         draft call. Runs no model."""
+        if self.changed:
+            self.batch_changed()
         if self.skips_left > 0 and all(
             r.config.num_assistant_tokens is None and r.pending_rows <= FLUSH_ROWS for r in running
         ):
@@ -154,7 +157,7 @@ class DraftPlanner:
         """A request starts decoding: skip steps before this one are not its own, and the batch changed."""
         request.skipped_at = self.skipped
         self.decoding.add(request.id)
-        self.batch_changed()
+        self.changed = True
 
     def released(self, request: Request) -> None:
         """A request leaves the batch (finished or aborted): it is owed its skipped steps, and the batch changed."""
@@ -167,11 +170,13 @@ class DraftPlanner:
     def stopped(self, request: Request) -> None:
         """A request stops decoding (released, or preempted to run again later): the batch changed."""
         self.decoding.discard(request.id)
-        self.batch_changed()
+        self.changed = True
 
     def batch_changed(self) -> None:
-        """Requests started or stopped decoding: plan again soon, however far the planner had backed off, when their
-        count is now REPLAN_RATIO times the count of the last plan or less than its 1 / REPLAN_RATIO."""
+        """Requests started or stopped decoding (weighed once a step, by the next plan: requests admitted together
+        start one by one): plan again soon, however far the planner had backed off, when their count is now
+        REPLAN_RATIO times the count of the last plan or less than its 1 / REPLAN_RATIO."""
+        self.changed = False
         now, planned = len(self.decoding), self.speculation.planned_requests
         if now and max(now, planned) >= REPLAN_RATIO * max(min(now, planned), 1):
             self.skips_left = min(self.skips_left, REPLAN_AFTER_CHANGE)

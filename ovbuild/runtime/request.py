@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from ovbuild.runtime.structured.state import OutputConstraint
 
 
+MIN_TAP_ROWS = 16  # a request's first buffer of pending taps (see Request.add_taps)
+KEPT_TAP_BYTES = 1 << 20  # a buffer of pending taps this large at most is kept once taken (see Request.take_taps)
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Per-request settings: when to stop, how many draft tokens to verify per step, greedy (default) or sampling
@@ -120,9 +124,9 @@ class Request:
     finish_reason: FinishReason | None = None
     text: str = ""
     target_len: int = 0  # tokens committed to the target cache (the anchor is not among them)
-    # target taps the draft has not seen yet: (array, first row, end row) of each step (see add_taps)
-    pending_taps: list[tuple[np.ndarray, int, int]] = field(default_factory=list)
-    pending_rows: int = 0  # rows in pending_taps
+    # [capacity, width]: its first pending_rows rows are the target taps the draft has not seen yet (see add_taps)
+    pending_taps: np.ndarray | None = None
+    pending_rows: int = 0
     # tokens, from the first, whose taps the draft has been given or has pending; fewer than target_len after calls
     # that ran without taps (a gap, which ovbuild.runtime.catch_up closes before the request drafts again)
     taps_len: int = 0
@@ -157,13 +161,23 @@ class Request:
         return known[: length // block_size]
 
     def add_taps(self, taps: np.ndarray, start: int = 0, rows: int | None = None) -> None:
-        """Keep `rows` rows of target taps from row `start` (all of them when None) for the draft; `taps` must not be
-        overwritten later (not a view of an output tensor). Kept as (array, start, end), sliced when taken: a request
-        keeps a step's taps every step, and most are taken many steps later, by one draft call, or never."""
+        """Keep `rows` rows of target taps from row `start` (all of them when None) for the draft: copied into the
+        request's buffer of pending taps, so `taps` may be an output tensor the next call overwrites. One buffer,
+        grown by doubling and kept across draft calls: kept as one array per step, the taps of a request that drafted
+        in no step cost the pipeline 1-1.7% of the target alone's speed on the losing pair (bench_runtime.py
+        --losing, one and four requests), fresh memory every step where the target alone reuses the same."""
         end = len(taps) if rows is None else start + rows
-        self.pending_taps.append((taps, start, end))
-        self.pending_rows += end - start
-        self.taps_len += end - start
+        total = self.pending_rows + end - start
+        buffer = self.pending_taps
+        if buffer is None or len(buffer) < total:
+            capacity = max(total, 2 * len(buffer) if buffer is not None else MIN_TAP_ROWS)
+            grown = np.empty((capacity, taps.shape[1]), taps.dtype)  # [rows, taps width]
+            if self.pending_rows:
+                grown[: self.pending_rows] = buffer[: self.pending_rows]
+            self.pending_taps = buffer = grown
+        buffer[self.pending_rows : total] = taps[start:end]
+        self.taps_len += total - self.pending_rows
+        self.pending_rows = total
 
     @property
     def gap(self) -> int:
@@ -176,11 +190,19 @@ class Request:
         return prompt + self.generated[max(start - len(self.prompt), 0) : max(end - len(self.prompt), 0)]
 
     def take_taps(self) -> np.ndarray | None:
-        """All pending taps as one [rows, width] array (None if there are none), now handed to the draft."""
-        parts = [taps[start:end] for taps, start, end in self.pending_taps]
-        taps = np.concatenate(parts) if parts else None
-        self.pending_taps, self.pending_rows = [], 0
+        """All pending taps as one [rows, width] array of its own (None if there are none), now handed to the draft.
+        The buffer is kept for the next ones unless it grew past KEPT_TAP_BYTES (a long prompt's, a long idle's)."""
+        if not self.pending_rows:
+            return None
+        taps = self.pending_taps[: self.pending_rows].copy()
+        self.pending_rows = 0
+        if self.pending_taps.nbytes > KEPT_TAP_BYTES:
+            self.pending_taps = None
         return taps
+
+    def drop_taps(self) -> None:
+        """Forget the pending taps (preempted: they are computed again when the request runs again)."""
+        self.pending_taps, self.pending_rows = None, 0
 
     @property
     def anchor(self) -> int:

@@ -72,12 +72,8 @@ class Verification:
             # 10-20x a steady call on the demo pair: a cost curve that kept it never drafted at that size again.
             self.speculation.target_cost.observe(len(ids), seconds)
         outputs = dict(out)
-        if plan.taps and out.get(TAPS) is not None:
-            # the requests keep slices of the taps for the draft: one copy per call of a view of the output tensor,
-            # none of taps widened from bf16 (PagedModel.widened), an array of their own already
-            outputs[TAPS] = out[TAPS] if TAPS in self.target.widened else out[TAPS].copy()
-        else:
-            outputs.pop(TAPS, None)
+        if not plan.taps:
+            outputs.pop(TAPS, None)  # the requests copy their rows of the taps when kept (Request.add_taps)
         return outputs
 
     def update(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> list[Request]:
