@@ -10,7 +10,13 @@ from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.drafters import BlockDrafter
-from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, REPLAN_RATIO, Speculation
+from ovbuild.runtime.speculation.planner import (
+    FLUSH_ROWS,
+    MAX_PLAN_BACKOFF,
+    REPLAN_AFTER_CHANGE,
+    REPLAN_RATIO,
+    Speculation,
+)
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -98,7 +104,7 @@ def test_the_planner_keeps_its_skip_counters_and_settles_them_per_request():
 def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
     """Requests that start or stop decoding bring the next plan forward only when their count moves REPLAN_RATIO
     times from the last plan's (4 -> 5 and 4 -> 3 keep the pace, 4 -> 6 does not), weighed once a step by its plan;
-    a new scheduler's planner goes on at the pace its Speculation had backed off to."""
+    a new scheduler's planner goes on at the pace its Speculation had backed off to when that was all the way."""
     spec = speculation(NeverDrafts)
     planner = DraftPlanner(spec, 7, 1, max_rows=64)
     four = [decoding(spec, i) for i in range(4)]
@@ -121,8 +127,10 @@ def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
     planner.started(decoding(spec, 6))
     planner.plan([*four[2:], sixth])
     assert len(planner.decoding) == 3 and planner.skips_left == 29, "3 where the last plan had 4: skipped"
-    spec.backoff = 16
-    assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == 16
+    spec.backoff = MAX_PLAN_BACKOFF
+    assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == MAX_PLAN_BACKOFF
+    spec.backoff = 4  # the last plans drafted for nobody, perhaps for want of tokens left to draft: plan at once
+    assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == 0
 
 
 def test_the_step_plan_names_the_draft_length_its_rows_verify(models):

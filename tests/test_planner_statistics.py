@@ -153,9 +153,9 @@ def test_plans_dear_next_to_their_steps_come_further_apart():
     backoff goes on doubling past MAX_PLAN_BACKOFF to the steps that keep it within that share, up to
     MAX_PLAN_BACKOFF * MAX_PATIENCE; a plan that cheap next to its steps keeps MAX_PLAN_BACKOFF."""
     spec = planner()
-    spec.plan_s, spec.plain_step_s = 5e-4, 1e-3  # a plan half as long as a step: 0.5 / PLAN_SHARE = 200 steps apart
+    spec.plan_s, spec.plain_step_s = 1e-3, 1e-3  # a plan as long as a step: 1 / PLAN_SHARE = 200 steps apart
     steps = [spec.back_off(False) for _ in range(10)]
-    assert steps == [1, 2, 4, 8, 16, 32, 64, 128, 200, 200] and PLAN_SHARE == 0.0025
+    assert steps == [1, 2, 4, 8, 16, 32, 64, 128, 200, 200] and PLAN_SHARE == 0.005
     spec.plan_s = 1e-2  # 2000 steps apart would keep the share: capped
     assert spec.back_off(False) == MAX_PLAN_BACKOFF * MAX_PATIENCE
     spec.plan_s = 1e-5

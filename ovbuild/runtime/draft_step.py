@@ -22,7 +22,13 @@ from ovbuild.runtime.request import Request, Status
 from ovbuild.runtime.speculation.acceptance import IDLE_DECAY
 from ovbuild.runtime.speculation.calibration import calibrate
 from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal
-from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, REPLAN_RATIO, Speculation
+from ovbuild.runtime.speculation.planner import (
+    FLUSH_ROWS,
+    MAX_PLAN_BACKOFF,
+    REPLAN_AFTER_CHANGE,
+    REPLAN_RATIO,
+    Speculation,
+)
 
 
 @dataclass
@@ -59,9 +65,14 @@ class DraftPlanner:
         self.speculation = speculation
         self.max_candidates, self.candidate_offset, self.max_rows = max_candidates, candidate_offset, max_rows
         # Steps left without a draft-length plan (Speculation.backoff after a plan for nobody). A new scheduler goes on
-        # at its planner's pace: one request at a time, each scheduler's first plan cost ~0.2 ms in a 64-token
-        # request's first step (0.9% of its steps on the losing pair of bench_runtime.py --losing).
-        self.skips_left = speculation.backoff
+        # at its planner's pace where it had backed off all the way: one request at a time, each scheduler's first
+        # plan cost ~0.2 ms in a 64-token request's first step (0.9% of its steps on the losing pair of
+        # bench_runtime.py --losing). Short of that, it plans at once: the last steps of a request may draft no more
+        # than it may still generate, so its last plans draft for nobody and back off whether drafting pays or not;
+        # going on at that pace, the next request of the demo pair drafted in none of its first steps (159 of ~480
+        # steps drafting 0 against 25, one request at a time in bench_vs_genai.py).
+        backed_off = speculation.backoff >= MAX_PLAN_BACKOFF
+        self.skips_left = speculation.backoff if backed_off else 0
         self.decoding: set[int] = set()  # the requests decoding now (see batch_changed)
         self.changed = False  # requests started or stopped decoding since the last step (see batch_changed)
         self.skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)

@@ -88,9 +88,11 @@ FLUSH_ROWS = 256  # pending context rows of one request that force a draft call 
 MAX_PLAN_BACKOFF = 32
 # Further apart where a plan costs more than this share of the plain steps between two plans, up to MAX_PLAN_BACKOFF
 # times MAX_PATIENCE: a plan is plain Python over every request's every position, and with 16 requests on the losing
-# pair of bench_runtime.py --losing one took ~0.64 ms, half a 1.3 ms step. Plans (their seconds, Speculation.plan_s)
-# are timed only where host time is learnt (learn_host).
-PLAN_SHARE = 0.0025
+# pair of bench_runtime.py --losing one took ~0.64 ms, half a 1.3 ms step. Not less: a planner backed off where drafting
+# has come to pay again waits for its next plan, and at 0.25% a 0.2 ms plan on the demo pair's 2 ms steps would come
+# every 40th step instead of every 32nd. Plans (their seconds, Speculation.plan_s) are timed only where host time is
+# learnt (learn_host).
+PLAN_SHARE = 0.005
 # A drafting streak of at most this many plans that began while the planner was backing off is a retry (the
 # exploration bonus grew, or the evidence faded): when it ends, backing off resumes where it stood, rather than from 1
 # again. On a pair where drafting loses (bench_runtime.py --losing, one request), each failed retry otherwise cost six
