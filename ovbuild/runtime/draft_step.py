@@ -186,7 +186,7 @@ class DraftPlanner:
     def batch_changed(self) -> None:
         """Requests started or stopped decoding (weighed once a step, by the next plan: requests admitted together
         start one by one): plan again soon, however far the planner had backed off, when their count is now
-        REPLAN_RATIO times the count of the last plan or less than its 1 / REPLAN_RATIO."""
+        REPLAN_RATIO times the count of the last plan or at most its 1 / REPLAN_RATIO."""
         self.changed = False
         now, planned = len(self.decoding), self.speculation.planned_requests
         if now and max(now, planned) >= REPLAN_RATIO * max(min(now, planned), 1):
