@@ -96,9 +96,10 @@ def test_the_planner_keeps_its_skip_counters_and_settles_them_per_request():
     plan = planner.plan([b, pinned])  # skips are left, but a pinned request drafts now
     assert plan.lengths == {1: 0, 2: 2} and spec.plans == 2 and planner.skips_left == 0
     planner.skips_left = 30
-    planner.started(decoding(spec, 3))  # 3 decoding where the last plan had 2: REPLAN_RATIO times as many
-    planner.batch_changed()
-    assert planner.skips_left == REPLAN_AFTER_CHANGE and spec.planned_requests == 2 and REPLAN_RATIO == 1.5
+    third = decoding(spec, 3)
+    planner.started(third)  # 3 decoding where the last plan had 2: REPLAN_RATIO times as many
+    planner.plan([b, pinned, third])  # the change is weighed by the next plan; this step then skips
+    assert planner.skips_left == REPLAN_AFTER_CHANGE - 1 and spec.planned_requests == 2 and REPLAN_RATIO == 1.5
 
 
 def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
@@ -124,9 +125,10 @@ def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
     for request in (fifth, sixth, *four[:2]):  # 2 left, but started and stopped within a step: weighed once
         request.metrics.first_token_time = 1.0
         planner.released(request)
-    planner.started(decoding(spec, 6))
-    planner.plan([*four[2:], sixth])
-    assert len(planner.decoding) == 3 and planner.skips_left == 29, "3 where the last plan had 4: skipped"
+    seventh = decoding(spec, 6)
+    planner.started(seventh)
+    planner.plan([*four[2:], seventh])
+    assert planner.skips_left == 29, "3 where the last plan had 4: skipped"
     spec.backoff = MAX_PLAN_BACKOFF
     assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == MAX_PLAN_BACKOFF
     spec.backoff = 4  # the last plans drafted for nobody, perhaps for want of tokens left to draft: plan at once

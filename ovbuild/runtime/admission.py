@@ -159,7 +159,7 @@ class Admission:
         self.metrics.num_preemptions += 1
         plan.preempted.append(request)
         if self.drafting is not None:
-            self.drafting.planner.stopped(request)
+            self.drafting.planner.batch_changed()
 
     def _admit(self, plan: StepPlan) -> None:
         """FIFO admission while fewer than max_num_seqs run and every cache has room for the request's whole context

@@ -73,8 +73,7 @@ class DraftPlanner:
         # steps drafting 0 against 25, one request at a time in bench_vs_genai.py).
         backed_off = speculation.backoff >= MAX_PLAN_BACKOFF
         self.skips_left = speculation.backoff if backed_off else 0
-        self.decoding: set[int] = set()  # the requests decoding now (see batch_changed)
-        self.changed = False  # requests started or stopped decoding since the last step (see batch_changed)
+        self.changed = False  # requests started or stopped decoding since the last plan (see batch_changed)
         self.skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
         self.idle = 0  # steps since the last plan in which nobody drafted (the run-wide evidence ages by them)
 
@@ -93,7 +92,7 @@ class DraftPlanner:
         """The draft lengths of the running requests for their next verification, and what forces or precedes the
         draft call. Runs no model."""
         if self.changed:
-            self.batch_changed()
+            self._weigh_change(sum(r.status is Status.DECODE for r in running))
         if self.skips_left > 0 and all(
             r.config.num_assistant_tokens is None and r.pending_rows <= FLUSH_ROWS for r in running
         ):
@@ -167,8 +166,7 @@ class DraftPlanner:
     def started(self, request: Request) -> None:
         """A request starts decoding: skip steps before this one are not its own, and the batch changed."""
         request.skipped_at = self.skipped
-        self.decoding.add(request.id)
-        self.changed = True
+        self.batch_changed()
 
     def released(self, request: Request) -> None:
         """A request leaves the batch (finished or aborted): it is owed its skipped steps, and the batch changed."""
@@ -176,20 +174,19 @@ class DraftPlanner:
             self.settle(request)
             if request.acceptance is not None:
                 self.speculation.retire(request.acceptance)
-        self.stopped(request)
-
-    def stopped(self, request: Request) -> None:
-        """A request stops decoding (released, or preempted to run again later): the batch changed."""
-        self.decoding.discard(request.id)
-        self.changed = True
+        self.batch_changed()
 
     def batch_changed(self) -> None:
-        """Requests started or stopped decoding (weighed once a step, by the next plan: requests admitted together
-        start one by one): plan again soon, however far the planner had backed off, when their count is now
-        REPLAN_RATIO times the count of the last plan or at most its 1 / REPLAN_RATIO."""
+        """A request started or stopped decoding (or was preempted): weighed by the next plan, once for all the
+        changes of a step (requests admitted together start one by one; see _weigh_change)."""
+        self.changed = True
+
+    def _weigh_change(self, decoding: int) -> None:
+        """The batch changed to `decoding` decoding requests: plan again soon, however far the planner had backed off,
+        when that is REPLAN_RATIO times the count of the last plan or at most its 1 / REPLAN_RATIO."""
         self.changed = False
-        now, planned = len(self.decoding), self.speculation.planned_requests
-        if now and max(now, planned) >= REPLAN_RATIO * max(min(now, planned), 1):
+        planned = self.speculation.planned_requests
+        if decoding and max(decoding, planned) >= REPLAN_RATIO * max(min(decoding, planned), 1):
             self.skips_left = min(self.skips_left, REPLAN_AFTER_CHANGE)
 
     def settle(self, request: Request) -> None:
