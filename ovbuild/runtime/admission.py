@@ -115,7 +115,7 @@ class Admission:
     def _grow(self, plan: StepPlan) -> None:
         """Blocks for every running request's rows of this step, oldest first; when a cache runs out, the most recently
         admitted running request is preempted (the one growing itself, when it is the last)."""
-        caches = list(self.caches.values())  # once per step: the property builds its dict each time it is asked
+        caches = list(self.caches.values())
         for request in list(self.running):
             if request not in self.running:
                 continue  # preempted for an older one

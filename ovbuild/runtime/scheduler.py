@@ -104,14 +104,15 @@ class Scheduler(Admission, Verification):
                 target, drafter, speculation, self.metrics, max_num_batched_tokens, self.prefix_caching
             )
         self._call_s, self._drafted = 0.0, False
+        self._caches = {"target": target.cache_manager}
+        if drafter is not None:
+            self._caches["draft"] = drafter.cache_manager
 
     @property
     def caches(self) -> dict[str, CacheManager]:
-        """Every cache the requests run on, by name."""
-        caches = {"target": self.target.cache_manager}
-        if self.drafter is not None:
-            caches["draft"] = self.drafter.cache_manager
-        return caches
+        """Every cache the requests run on, by name: the target's, then the draft's (one dict, built once: every step
+        reads it, and not to be changed)."""
+        return self._caches
 
     def add_request(
         self, prompt: list[int] | np.ndarray, config: GenerationConfig | None = None, images: ImagePrompt | None = None
