@@ -359,8 +359,8 @@ MUTANTS = (
     Mutant(
         "speculation-cost-without-drift",
         "ovbuild/runtime/speculation/call_cost.py",
-        "            self.own_drift *= ratio**self.drift_rate\n",
-        "            pass\n",
+        "                own *= ratio**rate\n",
+        "                pass\n",
         CALL_COST,
     ),
     Mutant(
