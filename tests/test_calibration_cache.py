@@ -12,9 +12,13 @@ from ovbuild.cli import main
 from ovbuild.demo import export_pair
 from ovbuild.runtime.pipeline import Pipeline, RuntimeOptions
 from ovbuild.runtime.speculation import calibration
-from ovbuild.runtime.speculation.calibration import CalibrationCache, calibration_key, folder_identity
+from ovbuild.runtime.speculation.calibration import (
+    CALIBRATION_ROWS,
+    CalibrationCache,
+    calibration_key,
+    folder_identity,
+)
 from ovbuild.runtime.speculation.call_cost import BUCKETS
-from ovbuild.runtime.speculation.planner import CALIBRATION_ROWS
 
 PROMPTS = [list(range(3, 40)), list(range(50, 70))]
 
@@ -48,7 +52,7 @@ def test_a_second_pipeline_reuses_the_calibration_and_plans_from_the_same_costs(
     monkeypatch.setattr(calibration, "STALE_FACTOR", 1e9)
     second = Pipeline(*folders)
     calls = []
-    monkeypatch.setattr(second.speculation, "calibrate", lambda *a: calls.append(a))  # must not be reached
+    monkeypatch.setattr(calibration, "observe_calls", lambda *a: calls.append(a))  # must not be reached
     seeded = []
     real_plan = second.speculation.plan
 
@@ -76,8 +80,8 @@ def test_recalibrate_times_again_and_replaces_the_entry(folders, tmp_path, monke
     marked = {name: [[r, 1.0 + r] for r in CALIBRATION_ROWS] for name in ("target", "draft")}  # valid, and known
     entry.write_text(json.dumps(marked))
     again = Pipeline(*folders, RuntimeOptions(recalibrate=True))
-    timed_again, real = [], again.speculation.calibrate
-    monkeypatch.setattr(again.speculation, "calibrate", lambda *a: (timed_again.append(True), real(*a)))
+    timed_again, real = [], calibration.observe_calls
+    monkeypatch.setattr(calibration, "observe_calls", lambda *a: (timed_again.append(True), real(*a)))
     _, m = again.generate(PROMPTS, 4)
     assert timed_again == [True] and m.calibration_s > 0
     stored = json.loads(entry.read_text())

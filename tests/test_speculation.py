@@ -15,11 +15,11 @@ from ovbuild.runtime.model.static_rows import COPY_ROWS, padded_rows
 from ovbuild.runtime.request import GenerationConfig
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.acceptance import IDLE_DECAY, AcceptanceStats
+from ovbuild.runtime.speculation.calibration import CALIBRATION_ROWS, observe_calls
 from ovbuild.runtime.speculation.call_cost import PHASE_CALLS, CallCost
 from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.runtime.speculation.drafters.base import DraftItem
 from ovbuild.runtime.speculation.planner import (
-    CALIBRATION_ROWS,
     CATCH_UP_STEPS,
     DRAFT_MARGIN,
     MAX_PLAN_BACKOFF,
@@ -560,7 +560,7 @@ def test_a_padded_draft_call_is_kept_at_the_rows_it_computed(models):
     spec = Speculation(drafter.max_candidates, drafter.candidate_offset)
     seen = []
     drafter.rows_run = lambda rows: seen.append(rows) or 40  # as if every call had run padded to 40 rows
-    spec.calibrate(lambda rows: 1e-3, lambda rows: 1e-4 * rows, drafter.rows_run)
+    observe_calls(spec, lambda rows: 1e-3, lambda rows: 1e-4 * rows, drafter.rows_run)
     assert seen == list(CALIBRATION_ROWS) and spec.draft_cost.seen.sum() == 1, "every call kept at the 40 rows run"
     # the scheduler's draft calls too
     target_model, _ = models

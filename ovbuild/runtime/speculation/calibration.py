@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,9 @@ from ovbuild.ir.ports import INPUT_IDS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.cache.rows import sequence_rows
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem
-from ovbuild.runtime.speculation.planner import CALIBRATION_ROWS, Speculation, timed
+from ovbuild.runtime.speculation.planner import Speculation
 
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed on each model
 SCRATCH = -1  # the sequence id the timed calls write under; its blocks are freed right after
 
 
@@ -67,7 +69,7 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
         if cache is not None and cache.restore(speculation, target_call, draft_call):
             return
         time_target, time_draft = _kept(target_call, timings["target"]), _kept(draft_call, timings["draft"])
-        speculation.calibrate(time_target, time_draft, lambda rows: ran.get(rows, rows))
+        observe_calls(speculation, time_target, time_draft, lambda rows: ran.get(rows, rows))
     except CacheExhaustedError:
         return
     finally:
@@ -77,8 +79,23 @@ def calibrate(speculation: Speculation, target: PagedModel, drafter: Drafter) ->
         cache.save(timings, ran)
 
 
+def observe_calls(
+    speculation: Speculation,
+    time_target: Callable[[int], float],
+    time_draft: Callable[[int], float],
+    draft_rows_run: Callable[[int], int] | None = None,
+) -> None:
+    """Time calls of CALIBRATION_ROWS rows on each model (the best of three each) into the planner's cost models;
+    draft_rows_run: the rows a draft call of so many rows computed, padding included (Drafter.rows_run), where its
+    time is kept."""
+    for rows in CALIBRATION_ROWS:
+        speculation.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
+        seconds = min(time_draft(rows) for _ in range(3))
+        speculation.draft_cost.observe(draft_rows_run(rows) if draft_rows_run else rows, seconds)
+
+
 def _kept(time_call: Callable[[int], float], fastest: dict[int, float]) -> Callable[[int], float]:
-    """time_call, keeping the fastest time of each row count in `fastest` (what Speculation.calibrate observes)."""
+    """time_call, keeping the fastest time of each row count in `fastest` (what observe_calls observes)."""
 
     def call(rows: int) -> float:
         seconds = time_call(rows)
@@ -152,7 +169,7 @@ class CalibrationCache:
     def restore(
         self, speculation: Speculation, time_target: Callable[[int], float], time_draft: Callable[[int], float]
     ) -> bool:
-        """Seed the planner's cost models from the file, as Speculation.calibrate would; False when there is none
+        """Seed the planner's cost models from the file, as observe_calls would; False when there is none
         to use (absent, refreshed, unreadable, from another calibration, or stale: it is then timed again and
         rewritten). Stale: a target call of 1 row or a draft call of CHECK_ROWS rows, timed now (best of 2), is
         more than STALE_FACTOR away from the kept time; a calibration taken while the machine was busy would
@@ -193,3 +210,10 @@ class CalibrationCache:
         except OSError:
             return
         self.refresh = False
+
+
+def timed(call: Callable[[], object]) -> float:
+    """Wall seconds of one call."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start

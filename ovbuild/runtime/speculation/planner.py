@@ -31,18 +31,17 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ovbuild.runtime.speculation.acceptance import DECAY, AcceptanceStats, pooled, request_weight
 from ovbuild.runtime.speculation.call_cost import CallCost
+from ovbuild.runtime.speculation.host_time import HostTimes
 
 if TYPE_CHECKING:  # for annotations only: the planner itself runs no model
     from ovbuild.runtime.model.paged_model import PagedModel
     from ovbuild.runtime.speculation.drafters.base import Drafter
 
-CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 # The first position's acceptance before anything is observed: optimistic enough to try drafting. A deeper position's
 # prior is the run's estimate of the position before it (acceptance per position is alike along a block): with a
 # fixed prior, positions never reached kept looking likely however often the first proposal missed, and a draft wrong
@@ -116,7 +115,6 @@ REPLAN_RATIO = 1.5
 # token expected: a prior of REALISM_PRIOR tokens at 1.0, each verification's counts decaying by REALISM_DECAY.
 REALISM_PRIOR = 8.0
 REALISM_DECAY = 0.98
-HOST_WINDOW = 15  # recent steps whose median host time plans are charged, per kind of step and request count
 
 
 @dataclass
@@ -150,9 +148,7 @@ class Speculation:
     plain_step_s: float = 0.0  # what the last plan priced a step without drafting at (its target call and host time)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
-    # host seconds of the recent steps without and with a draft call, by the requests in the step (HOST_WINDOW each)
-    _host_plain: dict[int, deque[float]] = field(init=False, default_factory=dict)
-    _host_drafting: dict[int, deque[float]] = field(init=False, default_factory=dict)
+    host_times: HostTimes = field(init=False, default_factory=HostTimes)  # the recent steps' (see host_costs)
     # survival's run-wide terms (optimistic, plain), until a record or aging moves them
     _run_estimate: tuple[list[float], list[float]] | None = field(init=False, default=None)
     # accepted draft tokens the plans expected, and those their verifications accepted (decayed; see REALISM_PRIOR)
@@ -182,19 +178,6 @@ class Speculation:
     @property
     def calibrated(self) -> bool:
         return self.target_cost.calibrated and self.draft_cost.calibrated
-
-    def calibrate(
-        self,
-        time_target: Callable[[int], float],
-        time_draft: Callable[[int], float],
-        draft_rows_run: Callable[[int], int] | None = None,
-    ) -> None:
-        """Time calls of a few row counts on each model (the best of three each); draft_rows_run: the rows a draft
-        call of so many rows computed, padding included (Drafter.rows_run), where its time is kept."""
-        for rows in CALIBRATION_ROWS:
-            self.target_cost.observe(rows, min(time_target(rows) for _ in range(3)))
-            seconds = min(time_draft(rows) for _ in range(3))
-            self.draft_cost.observe(draft_rows_run(rows) if draft_rows_run else rows, seconds)
 
     def back_off(self, drafted: bool) -> int:
         """A plan was made (`drafted`: for somebody): the steps to skip before the next. While drafting pays for
@@ -233,28 +216,13 @@ class Speculation:
             self.host_s = _ema(self.host_s, seconds)
         if self._drafting_host:
             self.draft_host_s = max(self._drafting_host - self.host_s, 0.0)
-        table = self._host_drafting if drafted else self._host_plain
-        window = table.get(max(requests, 1))
-        if window is None:  # not setdefault: its default would be built every step
-            window = table[max(requests, 1)] = deque(maxlen=HOST_WINDOW)
-        window.append(seconds)
+        self.host_times.observe(seconds, drafted, requests)
 
     def host_costs(self, requests: int) -> tuple[float, float]:
-        """(host seconds of a step of `requests` requests without a draft call, what a draft call adds to them), from
-        the steps of the nearest request count measured (fixed ones without learn_host). A host time kept for the
-        run as a whole charged single requests, after a burst of 12 at once, the burst's 1.2 ms a drafting step
-        where theirs took 0.1 ms (docs/speed.md). Medians of the recent steps, not averages: host time has spikes (a
-        garbage collection, a first call's allocations), and one of 16 ms in a 4-request run's first drafting step on
-        a Qwen3-4B-shaped pair, averaged in where such steps took 1 to 2 ms, was charged to every later plan and kept
-        that run from drafting again."""
-        if not self.learn_host or not self._host_plain:
-            return self.host_s, self.draft_host_s
-        plain = _median(self._host_plain[_nearest(self._host_plain, requests)])
-        if not self._host_drafting:
-            return plain, self.draft_host_s
-        measured = _nearest(self._host_drafting, requests)
-        base = _median(self._host_plain[_nearest(self._host_plain, measured)])
-        return plain, max(_median(self._host_drafting[measured]) - base, 0.0)
+        """(host seconds of a step of `requests` requests without a draft call, what a draft call adds to them): the
+        recent steps' medians (HostTimes.costs), host_s and draft_host_s as set without learn_host."""
+        measured = self.host_times.costs(requests, self.draft_host_s) if self.learn_host else None
+        return measured or (self.host_s, self.draft_host_s)
 
     def request_weight(self, stats: list[AcceptanceStats]) -> float:
         """Observations the run-wide estimate is worth in these requests' own (request_weight, over them and the
@@ -416,23 +384,6 @@ class Speculation:
         return lengths
 
 
-def _nearest(table: dict[int, object], requests: int) -> int:
-    """The key of `table` nearest `requests` on a log scale (the fewer requests on a tie)."""
-    return min(table, key=lambda n: (abs(math.log(n / max(requests, 1))), n))
-
-
-def _median(values: deque[float]) -> float:
-    """The median of `values`; of an even count the lower middle one (of two values, one a spike: the other)."""
-    return sorted(values)[(len(values) - 1) // 2]
-
-
 def _ema(average: float, value: float) -> float:
     """Exponential moving average over about 10 values; the first value starts it."""
     return average + 0.1 * (value - average) if average else value
-
-
-def timed(call: Callable[[], object]) -> float:
-    """Wall seconds of one call."""
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
