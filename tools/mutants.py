@@ -380,8 +380,8 @@ MUTANTS = (
     Mutant(
         "speculation-host-for-the-run",
         "ovbuild/runtime/speculation/planner.py",
-        "        if not self.learn_host or not self._host_plain:\n",
-        "        if True:\n",
+        "        measured = self.host_times.costs(requests, self.draft_host_s) if self.learn_host else None\n",
+        "        measured = None\n",
         PLANNER,
     ),
     Mutant(
