@@ -15,7 +15,8 @@ the prompts' prefill is the same work on both sides, and bench_cost_model's figu
 whole runs and while every request decodes (up to the first finish: with speculation requests finish at different
 steps, and a closed batch's last steps serve fewer requests, a tail a server refilling its slots does not have), next
 to an A/A control (the target alone run twice a round: what the machine does to a ratio by itself), the draft lengths
-chosen, the acceptance measured, and next to it the speed-up bench/bench_cost_model.py
+chosen, the acceptance measured, each draft length of --sweep pinned, the best of them and the planner over it (with
+several requests also while every request decodes), and next to it the speed-up bench/bench_cost_model.py
 implies from timed calls for the same tau ("after": the adaptive plan), per step and for runs of this many tokens (a
 request's last steps propose only what it still lacks: finite_share), and for the acceptance the texts drew (a few
 short texts stray from the a set: the runtime is judged against what it was given). Then the target alone against
@@ -327,6 +328,8 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
         )
         if args.sweep:
             line += "\n    " + sweep_line(rounds, tau, args.sweep)
+            if n > 1:
+                line += "\n    " + full_batch_sweep_line(fulls, tau, args.sweep)
         if tau in figures:
             line += f"; implied by bench_cost_model {against(figures[tau], ratio.median, args.new_tokens - 1)}"
             row = figures[drawn[tau]]
@@ -352,6 +355,17 @@ def sweep_line(rounds: harness.Rounds, tau: float, ks: list[int]) -> str:
         f"pinned: {each}; best pinned k={best} {speedups[best]}; planner / best pinned "
         f"{rounds.ratio(fixed(tau, best), f'tau {tau}')}"
     )
+
+
+def full_batch_sweep_line(fulls: dict[str, list[float]], tau: float, ks: list[int]) -> str:
+    """sweep_line while every request decodes (full_batch_rate): a planner drafting each request its own length ends
+    the requests at different steps, and a closed batch's tail (the last requests alone, in steps that cost about as
+    much as the full batch's) weighs on its whole-run figure where a server refilling its slots has no tail."""
+    speedups = {k: harness.ratio_of(fulls[fixed(tau, k)], fulls["alone"]) for k in ks}
+    best = max(ks, key=lambda k: speedups[k].median)
+    each = ", ".join(f"k={k} {speedups[k].median:.2f}x" for k in ks)
+    planner = harness.ratio_of(fulls[f"tau {tau}"], fulls[fixed(tau, best)])
+    return f"while every request decodes: pinned {each}; best pinned k={best}; planner / best pinned {planner}"
 
 
 def against(row: dict, delivered: float, tokens: int) -> str:
