@@ -4,9 +4,19 @@ times kept as medians."""
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
-from ovbuild.runtime.speculation.acceptance import MAX_REQUEST_WEIGHT, REQUEST_WEIGHT, AcceptanceStats, pooled
+import numpy as np
+import pytest
+
+from ovbuild.runtime.speculation.acceptance import (
+    MAX_REQUEST_WEIGHT,
+    PRIOR_WEIGHT,
+    REQUEST_WEIGHT,
+    AcceptanceStats,
+    pooled,
+    with_bonus,
+)
 from ovbuild.runtime.speculation.acceptance import request_weight as weight_of_counts
 from ovbuild.runtime.speculation.planner import (
     MAX_PATIENCE,
@@ -83,7 +93,7 @@ def test_one_request_at_a_time_is_weighed_by_how_its_predecessors_differed():
 
     alike = plan_after([(249.0, 300.0)] * 6)  # 0.83 each
     unlike = plan_after([(285.0, 300.0), (90.0, 300.0)] * 3)  # 0.95 and 0.3
-    assert alike < unlike == 15 and alike <= 8, (alike, unlike)
+    assert alike <= 8 and unlike >= 12, (alike, unlike)  # the run's 0.83 a position against its own 10 of 10
 
 
 def test_one_unlucky_verification_is_tried_again_within_a_few_steps():
@@ -181,3 +191,24 @@ def test_failed_retries_make_the_run_wide_evidence_fade_more_slowly():
     for _ in range(RETRY_PLANS + 1):
         spec.back_off(True)
     assert spec.patience == 1, "drafting took hold"
+
+
+def test_the_bonus_on_a_block_adds_up_as_its_positions_errors_do():
+    """The exploration bonus on a block's survival: at the first position, p plus that many standard errors; along a
+    block whose deep positions were never reached (their estimates are the first's, carried down the chain), each
+    position's bonus multiplied in; along a block whose every position was seen 400 times (independent errors), the
+    bonus on log s_15 about sqrt(15) times one position's, not 15 times."""
+    p, bonus = 0.9, 1.0
+
+    def lift(reached: list[float]) -> list[float]:
+        chances = with_bonus([p] * 15, reached, bonus)
+        return [s / p ** (j + 1) for j, s in enumerate(np.cumprod(chances))]  # s_j over its estimate
+
+    seen = 400 + PRIOR_WEIGHT
+    one = bonus * math.sqrt((1 - p) / (p * seen))  # a position's bonus, relative to p
+    thick = lift([400.0] * 15)
+    assert thick[0] * p == pytest.approx(p + bonus * math.sqrt(p * (1 - p) / seen), rel=1e-12)
+    assert math.log(thick[14]) == pytest.approx(math.sqrt(15) * math.log1p(one), rel=0.02)
+    assert thick[14] < (1 + one) ** 15 / 1.15  # 1.07 against 1.28 multiplied along the block
+    thin = lift([400.0] + [0.0] * 14)
+    assert thin == pytest.approx([(1 + one) ** (j + 1) for j in range(15)], rel=1e-12)

@@ -415,9 +415,16 @@ MUTANTS = (
     Mutant(
         "speculation-no-exploration",
         "ovbuild/runtime/speculation/planner.py",
-        "            bonus = self.exploration\n",
-        "            bonus = 0.0\n",
+        "with_bonus(run, self.run.reached.tolist(), self.exploration)",
+        "with_bonus(run, self.run.reached.tolist(), 0.0)",
         PLANNER,
+    ),
+    Mutant(
+        "speculation-bonus-multiplied-along-the-block",
+        "ovbuild/runtime/speculation/acceptance.py",
+        "share = PRIOR_WEIGHT / (count + PRIOR_WEIGHT)",
+        "share = 1.0",
+        ("tests/test_planner_statistics.py",),
     ),
     Mutant(
         "speculation-fixed-prior-for-deep-positions",

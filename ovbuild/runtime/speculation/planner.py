@@ -34,7 +34,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ovbuild.runtime.speculation.acceptance import DECAY, AcceptanceStats, pooled, request_weight
+from ovbuild.runtime.speculation.acceptance import (
+    DECAY,
+    PRIOR_WEIGHT,
+    AcceptanceStats,
+    pooled,
+    request_weight,
+    with_bonus,
+)
 from ovbuild.runtime.speculation.call_cost import CallCost
 from ovbuild.runtime.speculation.host_time import HostTimes
 
@@ -47,20 +54,24 @@ if TYPE_CHECKING:  # for annotations only: the planner itself runs no model
 # fixed prior, positions never reached kept looking likely however often the first proposal missed, and a draft wrong
 # at its first token kept being tried.
 PRIOR_ACCEPTANCE = 0.6
-PRIOR_WEIGHT = 2.0  # observations the prior is worth in the run-wide estimate
 # Standard errors added to the run-wide estimate that plans choose by: a greedy planner that stopped drafting on a few
 # early misses would never see the evidence that it was wrong (the demo pair's first request, rejected twice, kept a
 # whole pipeline from drafting again); the bonus shrinks as verifications add up, so a draft that is really poor is
 # still dropped. What a plan expects (for the realism, below) is taken without it: counted in, the bonus on positions
 # short plans never reach (0.6 -> 0.95) made full-block plans expect far more than they got, and the realism that
 # followed (0.47) kept the demo pair from drafting where full blocks ran 1.3x as fast.
-# While nobody drafts, the standard errors taken grow as UCB1's bonus does, to sqrt(ln(1 + steps since the last
-# verification)) (Speculation.exploration): evidence never refreshes while the planner does not draft, and one
-# unlucky first verification (4 requests at tau 5.6 on a Qwen3-4B-shaped pair, 2 of 4 proposals rejected at their
-# first token) kept a run from drafting for its 200 steps where drafting 2 ran 1.28x. Thin evidence is thus tried
-# again within about a hundred steps (tests/test_planner_statistics.py), while a draft seen to be poor over many
-# verifications (a small standard error) waits for the run-wide record to fade (RUN_IDLE_DECAY).
+# While nobody drafts, the standard errors taken grow as UCB1's bonus does, to sqrt(EXPLORATION_GROWTH * ln(1 + steps
+# since the last verification)) (Speculation.exploration): evidence never refreshes while the planner does not draft,
+# and one unlucky first verification (4 requests at tau 5.6 on a Qwen3-4B-shaped pair, 2 of 4 proposals rejected at
+# their first token) kept a run from drafting for its 200 steps where drafting 2 ran 1.28x. Thin evidence is thus
+# tried again within about a hundred steps (tests/test_planner_statistics.py), while a draft seen to be poor over many
+# verifications (a small standard error) waits for the run-wide record to fade (RUN_IDLE_DECAY). How the standard
+# errors of the positions add up along a block: ovbuild.runtime.speculation.acceptance.with_bonus.
 OPTIMISM = 1.0
+# UCB1 takes 2. With the bonuses added as acceptance.with_bonus adds them, 1 brought that unlucky record back after
+# 102 steps, 2 tried a draft that is always wrong again 3 steps after its first misses, and 1.5 keeps both within
+# bounds (57 steps; 5 or more, tests/test_speculation.py); multiplied along the block, 1 took 35.
+EXPLORATION_GROWTH = 1.5
 # Per step in which nobody drafts, the run-wide evidence (and the realism's counts) fade by this much: the planner
 # learns only from the steps it drafts in, so an estimate made in a bad moment (early misses, a busy machine) would
 # otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
@@ -265,14 +276,7 @@ class Speculation:
             for accepted, reached in zip(self.run.accepted.tolist(), self.run.reached.tolist(), strict=True):
                 prior = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)  # the next position's prior
                 run.append(prior)
-            seen = float(self.run.reached[0]) + PRIOR_WEIGHT  # the first position's (see below)
-            # every position's standard error as if it had been seen as often as the first: a position's prior is the
-            # one before it (the chain above), so a deep position is about as certain as the first; with each
-            # position's own count, the bonuses of the rarely reached deep positions compounded along a block (4
-            # requests at tau 5.6: k = 7 in 45% of the steps where k = 2 ran 1.11x and k = 7 0.94x)
-            bonus = self.exploration
-            optimistic = [min(p + bonus * math.sqrt(p * (1 - p) / seen), 1.0) for p in run]
-            self._run_estimate = optimistic, run
+            self._run_estimate = with_bonus(run, self.run.reached.tolist(), self.exploration), run
         estimate = self._run_estimate[0 if optimistic else 1]
         if weight is None:
             weight = self.request_weight(stats)
@@ -289,7 +293,7 @@ class Speculation:
     @property
     def exploration(self) -> float:
         """Standard errors added to the run-wide estimate: OPTIMISM, growing while nobody drafts (see OPTIMISM)."""
-        return max(OPTIMISM, math.sqrt(math.log1p(self.since_drafted)))
+        return max(OPTIMISM, math.sqrt(EXPLORATION_GROWTH * math.log1p(self.since_drafted)))
 
     def age(self, idle_steps: int) -> None:
         """Steps in which nobody drafted: the run-wide evidence and the realism's counts fade (RUN_IDLE_DECAY)."""
