@@ -1,5 +1,6 @@
 """Acceptance statistics: per draft position, the verifications of a request (or of the whole run) that reached it and
-those that accepted it, and how much a request's own record counts against the run's (empirical Bayes)."""
+those that accepted it, how much a request's own record counts against the run's (empirical Bayes), and the
+exploration bonus on the run's (with_bonus)."""
 
 from __future__ import annotations
 
