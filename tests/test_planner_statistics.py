@@ -26,7 +26,7 @@ from ovbuild.runtime.speculation.planner import (
     RUN_IDLE_DECAY,
     Speculation,
 )
-from ovbuild.testing.planner import fixed_curve
+from ovbuild.testing.planner import fixed_cost, fixed_curve
 
 # Timed calls of a Qwen3-4B-shaped pair with 4 requests at once (int8 weights, f32 math, 2-core AVX-512 EPYC):
 # seconds by rows. Drafting 2 for each of 4 requests at 0.83 acceptance ran 1.25x not drafting there.
@@ -212,3 +212,42 @@ def test_the_bonus_on_a_block_adds_up_as_its_positions_errors_do():
     assert thick[14] < (1 + one) ** 15 / 1.15  # 1.07 against 1.28 multiplied along the block
     thin = lift([400.0] + [0.0] * 14)
     assert thin == pytest.approx([(1 + one) ** (j + 1) for j in range(15)], rel=1e-12)
+
+
+def test_a_position_plans_stopped_reaching_keeps_the_error_of_its_own_count():
+    """Plans that draft 1 reach the first position only: 600 verifications there, 20 at the second, long ago. The
+    second position's bonus is that of its own 20 (its estimate mixes them with the first's at 2 observations), not
+    the first's 600: log(s_2's upper bound / its estimate) is at least log(1 + sd / p_2), sd the standard deviation
+    of 20 binomial draws among 22."""
+    p_1, p_2, bonus = 0.8, 0.3, 1.0
+    chances = with_bonus([p_1, p_2] + [p_2] * 13, [600.0, 20.0] + [0.0] * 13, bonus)
+    own = math.sqrt(20 * p_2 * (1 - p_2)) / (20 + PRIOR_WEIGHT)
+    lift = chances[0] * chances[1] / (p_1 * p_2)
+    assert math.log(lift) >= math.log1p(bonus * own / p_2), (lift, own)
+    first = math.sqrt(p_2 * (1 - p_2) / (600 + PRIOR_WEIGHT))  # at the first position's count: 1.13, where this is 1.31
+    assert lift > (1 + bonus * first / p_2) ** 2 * 1.1
+
+
+def test_the_run_record_of_a_position_plans_stopped_reaching_fades_while_they_draft():
+    """Plans draft 1 against a second position seen poor long ago (12 of 60 accepted), where it now accepts as often
+    as the first (0.8), and drafting 3 would run 1.27x drafting 1 at these costs. The run's record fades with every
+    verification (RUN_DECAY), so the old misses lose their weight and a plan drafts 2 or more within 300 steps; with
+    the record kept whole, none did in 400."""
+    rng = np.random.default_rng(0)
+    spec = Speculation(15, 1, fixed_cost(2e-3, 5e-4), fixed_cost(5e-4, 5e-5), learn_host=False)
+    spec.host_s, spec.draft_host_s = 1e-4, 1e-4
+    spec.run.reached[:2], spec.run.accepted[:2] = (300.0, 60.0), (240.0, 12.0)
+    request = spec.new_stats()
+    lengths = []
+    while len(lengths) < 300 and (not lengths or lengths[-1] < 2):
+        (k,) = spec.plan([(request, 15)], 1, 0, 0, False)
+        lengths.append(k)
+        if k:
+            accepted = next((j for j in range(k) if rng.random() >= 0.8), k)
+            spec.record(request, k, accepted)
+        else:
+            spec.age(1)
+            request.idle_steps += 1
+            request.settle(0.95)
+    assert lengths[0] < 2, f"the stale record did not hold the first plan back: {lengths[0]}"
+    assert lengths[-1] >= 2, f"no plan drafted 2 or more in {len(lengths)} steps ({lengths.count(1)} drafted 1)"

@@ -422,8 +422,22 @@ MUTANTS = (
     Mutant(
         "speculation-bonus-multiplied-along-the-block",
         "ovbuild/runtime/speculation/acceptance.py",
-        "share = PRIOR_WEIGHT / (count + PRIOR_WEIGHT)",
-        "share = 1.0",
+        "share = kept * math.sqrt(before / variance) if",
+        "share = 1.0 if",
+        ("tests/test_planner_statistics.py",),
+    ),
+    Mutant(
+        "speculation-bonus-at-the-first-position-count",
+        "ovbuild/runtime/speculation/acceptance.py",
+        "variance = kept * kept * prior + count * spread / (count + PRIOR_WEIGHT) ** 2",
+        "variance = spread / (reached[0] + PRIOR_WEIGHT)",
+        ("tests/test_planner_statistics.py",),
+    ),
+    Mutant(
+        "speculation-run-record-kept-whole-while-drafting",
+        "ovbuild/runtime/speculation/planner.py",
+        "self.run.record(proposed, accepted, RUN_DECAY)",
+        "self.run.record(proposed, accepted, 1.0)",
         ("tests/test_planner_statistics.py",),
     ),
     Mutant(

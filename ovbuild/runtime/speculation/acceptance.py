@@ -84,24 +84,33 @@ def with_bonus(run: list[float], reached: list[float], bonus: float) -> list[flo
     each survival s_j = p_1 ... p_j raised by its positions' bonuses, added as errors that move together as far as
     one position's estimate is the other's, and given back as chances per position.
 
-    Position i's bonus, on log s_j, is log(1 + bonus * se_i / p_i), its standard error taken as if it had been seen as
-    often as the first (a position's prior is the one before it, the chain in Speculation.survival, so a deep position
-    is about as certain as the first; with each position's own count, the bonuses of rarely reached deep positions
-    made long blocks look likely: 4 requests at tau 5.6, k = 7 in 45% of the steps where k = 2 ran 1.11x and k = 7
-    0.94x). Neighbouring positions' errors are correlated by the share of a position's estimate that is the one
-    before it, PRIOR_WEIGHT / (reached + PRIOR_WEIGHT): where deep positions are rarely reached the bonuses add up
-    along the block, as a bonus on every position multiplied along it would (which brings drafting back after early
-    misses); where every position is seen often they add up as independent errors do, about sqrt(j) times one
-    instead of j times. Multiplied along the block at every count, they held every position at its upper bound at
-    once: one request at tau 8.2 on a Qwen3-4B-shaped pair, after ~100 verifications, s_12 to s_15 were chosen by at
-    0.43 to 0.37 where the plans expected 0.29 to 0.24, and the planner drafted 15 in 65% to 80% of the steps where
-    k = 11 ran 5% faster. At the first position: p_1 plus `bonus` standard errors of p_1."""
-    seen = reached[0] + PRIOR_WEIGHT
+    A position's estimate is its own record mixed with the position before's (the chain in Speculation.survival),
+    p_i = (accepted_i + PRIOR_WEIGHT p_(i-1)) / (reached_i + PRIOR_WEIGHT), so its variance is carried down the chain:
+    V_i = w_i^2 V_(i-1) + reached_i p_i (1 - p_i) / (reached_i + PRIOR_WEIGHT)^2, w_i = PRIOR_WEIGHT / (reached_i +
+    PRIOR_WEIGHT) (the first position's prior worth PRIOR_WEIGHT observations, so V_1 = p_1 (1 - p_1) / (reached_1 +
+    PRIOR_WEIGHT)). A position never reached has the variance of the one before, and it moves with it; a position
+    reached often has its own count's, and moves on its own. Position i's bonus on log s_j is log(1 + bonus sqrt(V_i)
+    / p_i), and two neighbours' errors are correlated by w_i sqrt(V_(i-1) / V_i) (a chain: further apart, by the
+    product of the correlations between).
+
+    Why not simpler. With each position's own count alone, p (1 - p) / (reached + PRIOR_WEIGHT), rarely reached deep
+    positions made long blocks look likely (4 requests at tau 5.6 on a Qwen3-4B-shaped pair: k = 7 in 45% of the
+    steps where k = 2 ran 1.11x and k = 7 0.94x). Multiplied along the block, the bonuses held every position at its
+    upper bound at once (one request at tau 8.2: s_12 to s_15 chosen by at 0.43 to 0.37 where the plans expected 0.29
+    to 0.24, k = 15 in 65% to 80% of the steps where k = 11 ran 5% faster). With the first position's count for every
+    position, a position that plans stopped reaching kept its stale estimate at the first's small error: on the demo
+    pair one request at a time, plans drafted 1 in 556 of 584 steps, never reaching the second position again."""
     chances, bound, chance = [], 1.0, 1.0
     total = along = 0.0  # the variance of the summed log bonuses, and their sum as correlated with position i's
+    before = -1.0  # the variance of the position before's estimate (none before the first)
     for p, count in zip(run, reached, strict=True):
-        share = PRIOR_WEIGHT / (count + PRIOR_WEIGHT)  # the correlation with the position before
-        step = math.log1p(bonus * math.sqrt((1 - p) / (max(p, 1e-12) * seen)))
+        spread = p * (1 - p)
+        kept = PRIOR_WEIGHT / (count + PRIOR_WEIGHT)  # the prior's share in this estimate
+        prior = spread / PRIOR_WEIGHT if before < 0 else before
+        variance = kept * kept * prior + count * spread / (count + PRIOR_WEIGHT) ** 2
+        share = kept * math.sqrt(before / variance) if before > 0 and variance > 0 else 0.0
+        before = variance
+        step = math.log1p(bonus * math.sqrt(variance) / max(p, 1e-12))
         along = step + share * along
         total += 2 * step * along - step**2
         chance *= p
