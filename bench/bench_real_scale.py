@@ -29,7 +29,7 @@ The first run writes the random checkpoints (about 9 GB bf16) and exports them (
 --workdir, which later runs reuse. A full run after that, on 2 cores: about 10 minutes at the defaults (9.2 on a
 2-core AVX-512 EPYC; prompts and tokens are cut to fit, never the model's shape).
 
-    python bench/bench_real_scale.py [--workdir DIR] [--rounds 3] [--new-tokens 64] [--requests 1,4]
+    python bench/bench_real_scale.py [--workdir DIR] [--rounds 3] [--new-tokens 64] [--texts 1] [--requests 1,4]
         [--taus 3.4,5.6,6.7,8.2] [--no-genai] [--no-cost-model]
 """
 
@@ -140,7 +140,8 @@ class Serving:
         self.draft_lengths = {tau: [] for tau in taus}  # decode steps that drafted 0, 1, ... tokens (summed)
         self.acceptance = {tau: [] for tau in taus}  # mean acceptance length per run
         self.wall = 0.0  # seconds of the last run, prefill included (timed_run)
-        self.full = float("nan")  # tokens/s of the last run while every request decoded (full_batch_rate)
+        # tokens and seconds of the last run while every request decoded (full_batch_span)
+        self.full_tokens, self.full_seconds = 0, 0.0
         self.target_log, self.draft_log = CallLog(pipeline.target), CallLog(inner.model)
 
     def alone(self, prompts: list[list[int]]) -> harness.Measured:
@@ -154,7 +155,8 @@ class Serving:
     def timed_run(self, scheduler: Scheduler, requests: list) -> harness.Measured:
         """Run the requests; their tokens, timed from the last first token to the last finish (the decode phase,
         which bench_cost_model's per-step figures speak of: the prompts' prefill is the same work on both sides).
-        The whole run's seconds are kept in self.wall, its tokens/s while every request decoded in self.full."""
+        The whole run's seconds are kept in self.wall, its tokens and seconds while every request decoded in
+        self.full_tokens and self.full_seconds."""
         start = time.perf_counter()
         steps = []  # after each step: (its end, tokens generated so far, requests finished so far)
         while scheduler.has_unfinished():
@@ -163,7 +165,7 @@ class Serving:
             steps.append((time.perf_counter(), sum(len(r.generated) for r in requests), done))
         self.wall = time.perf_counter() - start
         first = max(r.metrics.first_token_time for r in requests)
-        self.full = full_batch_rate(steps, first)
+        self.full_tokens, self.full_seconds = full_batch_span(steps, first)
         last = max(r.metrics.finish_time for r in requests)
         return harness.Measured(last - first, [r.generated for r in requests])
 
@@ -190,16 +192,33 @@ class Serving:
             drafter.truths.pop(r.id, None)
         return out
 
+    @property
+    def full(self) -> float:
+        """Tokens/s of the last run while every request decoded (nan if it never did)."""
+        return self.full_tokens / self.full_seconds if self.full_seconds > 0 else float("nan")
 
-def full_batch_rate(steps: list[tuple[float, int, int]], decoding_from: float) -> float:
-    """Tokens/s from the step that gave the last request its first token to the first step a request finished in:
-    while every request decodes. With speculation requests finish at different steps, and the run's last steps serve
-    fewer requests than it began with (a closed batch's tail, which a server refilling its slots does not have)."""
+    def in_turn(self, run, texts: list[list[list[int]]]) -> harness.Measured:
+        """run(prompts) for each set of prompts in `texts`, one set after the other (each request slot serves one text
+        after another): seconds, wall and the span while every request decodes summed over them, outputs in order."""
+        seconds, outputs, wall, tokens, span = 0.0, [], 0.0, 0, 0.0
+        for prompts in texts:
+            measured = run(prompts)
+            seconds, outputs = seconds + measured.seconds, outputs + measured.output
+            wall, tokens, span = wall + self.wall, tokens + self.full_tokens, span + self.full_seconds
+        self.wall, self.full_tokens, self.full_seconds = wall, tokens, span
+        return harness.Measured(seconds, outputs)
+
+
+def full_batch_span(steps: list[tuple[float, int, int]], decoding_from: float) -> tuple[int, float]:
+    """(tokens, seconds) from the step that gave the last request its first token to the first step a request
+    finished in: while every request decodes. With speculation requests finish at different steps, and the run's last
+    steps serve fewer requests than it began with (a closed batch's tail, which a server refilling its slots does not
+    have). (0, 0.0) where no step lies between."""
     begin = next(i for i, (end, _, _) in enumerate(steps) if end >= decoding_from)
     end = next(i for i, (_, _, done) in enumerate(steps) if done)
     if end <= begin:
-        return float("nan")
-    return (steps[end][1] - steps[begin][1]) / (steps[end][0] - steps[begin][0])
+        return 0, 0.0
+    return steps[end][1] - steps[begin][1], steps[end][0] - steps[begin][0]
 
 
 class CallLog:
@@ -267,17 +286,23 @@ def finite_share(a: float, ks: list[int], tokens: int, tau_k: float, trials: int
 
 
 def run_concurrency(serving: Serving, n: int, args, rng) -> None:
-    prompts = [rng.integers(1000, 100000, args.prompt_tokens).tolist() for _ in range(n)]
-    serving.alone(prompts)  # the truths the steered drafter proposes from
+    # n requests at once, each serving args.texts texts one after the other
+    texts = [[rng.integers(1000, 100000, args.prompt_tokens).tolist() for _ in range(n)] for _ in range(args.texts)]
+    prompts = [p for batch in texts for p in batch]
+    serving.in_turn(serving.alone, texts)  # the truths the steered drafter proposes from
     # the target alone twice a round: how far this machine moves a ratio of the same work by itself (the A/A control)
-    cases = {"alone": lambda: serving.alone(prompts), "alone A/A": lambda: serving.alone(prompts)}
-    cases |= {f"tau {tau}": (lambda tau=tau: serving.speculative(prompts, tau)) for tau in args.taus}
+    cases = {"alone": lambda: serving.in_turn(serving.alone, texts)}
+    cases["alone A/A"] = cases["alone"]
+    cases |= {
+        f"tau {tau}": (lambda tau=tau: serving.in_turn(lambda p: serving.speculative(p, tau), texts))
+        for tau in args.taus
+    }
     # untimed warm-up of the cases that learn (the planners); pinned draft lengths have nothing to learn, and their
     # calls are the same calls: they are timed from the first round
     for case in cases.values():
         case()
     cases |= {
-        fixed(tau, k): (lambda tau=tau, k=k: serving.speculative(prompts, tau, k))
+        fixed(tau, k): (lambda tau=tau, k=k: serving.in_turn(lambda p: serving.speculative(p, tau, k), texts))
         for tau in args.taus
         for k in args.sweep
     }
@@ -292,15 +317,17 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
     rounds = harness.interleave(cases, args.rounds, seed=args.seed, warmup=False, check=lambda name, _: kept(name))
     harness.require_equal(rounds.outputs, "alone")
     target_calls, draft_calls = serving.target_log.table(since[0]), serving.draft_log.table(since[1])
-    decoded = n * (args.new_tokens - 1)  # the first token of each request comes from its prefill
+    decoded = len(prompts) * (args.new_tokens - 1)  # the first token of each request comes from its prefill
     # one call per case and round there: more rounds than the runs take, or the yardstick is noisier than the runs
     repeats = max(3 * args.rounds, 9)
     truths = [serving.truths[tuple(p)] for p in prompts]
     drawn = {tau: drawn_tau(serving.drafters[tau], truths, args) for tau in args.taus}
     asked = sorted({*args.taus, *drawn.values()})
     figures = implied(serving.pipeline, n, asked, args.prompt_tokens, repeats) if args.cost_model else {}
-    print(f"\n{n} request{'s' if n > 1 else ''} at once, {args.prompt_tokens}-token prompts, {args.new_tokens} new "
-          f"tokens each, {args.rounds} rounds; decode phase (after the first token; the prefill is the same work on "
+    texts_each = f"{args.texts} text{'s' if args.texts > 1 else ''} each in turn"
+    print(f"\n{n} request{'s' if n > 1 else ''} at once, {texts_each}, {args.prompt_tokens}-token prompts, "
+          f"{args.new_tokens} new tokens each, {args.rounds} rounds; decode phase (after the first token; the prefill "
+          "is the same work on "
           "both sides), and whole runs:")  # fmt: skip
     print(f"  target alone: {decoded / rounds.median('alone'):.2f} tokens/s decoding (median round), "
           f"{statistics.median(walls['alone']):.2f} s a run; A/A control (the target alone again) "
@@ -507,6 +534,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument(
+        "--texts",
+        type=int,
+        default=1,
+        help="texts each request serves in turn: one text's wrong tokens fall where they fall, and which pinned k "
+        "fits them best is luck that several texts even out",
+    )
+    parser.add_argument(
         "--sweep", default="0,2,4,7,11,15", help="draft lengths pinned beside the planner at every tau ('' for none)"
     )
     parser.add_argument("--no-genai", dest="genai", action="store_false")
@@ -540,6 +574,9 @@ def main() -> None:
         target=ModelOptions("f16", args.inference_precision, 2048), draft=ModelOptions(*vars_of(FAST_DRAFT, 1024))
     )
     pipeline = Pipeline(folders["target"], folders["draft"], options)
+    # every static copy compiled before timing, as the server does: a copy's first calls otherwise come in the timed
+    # rounds, and a call cost's first call of a row count is what its bucket starts from
+    pipeline.compile_copies()
     print(f"compiled in {time.perf_counter() - start_s:.0f} s: {pipeline.describe()}", flush=True)
     assert isinstance(pipeline.target, PagedModel) and EXACT_TARGET.kv_cache_precision == "f16"
     warm = pipeline.generate([list(range(1000, 1000 + args.prompt_tokens))], 4)  # calibrates the planner's costs

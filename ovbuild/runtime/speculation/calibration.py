@@ -27,10 +27,15 @@ from ovbuild.errors import CacheExhaustedError
 from ovbuild.ir.ports import INPUT_IDS, LOGITS_INDICES, POSITION_IDS
 from ovbuild.runtime.cache.rows import sequence_rows
 from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.model.static_rows import COPY_ROWS
 from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem
 from ovbuild.runtime.speculation.planner import Speculation
 
-CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed on each model
+# Row counts timed on each model: one row and every static copy's (ovbuild.runtime.model.static_rows), so that each
+# bucket a plan prices starts from a calibrated call. With only 1, 2, 4, ... 64 timed, the first 24-row call of a run
+# (4 requests drafting 5 each) took 326 ms on a Qwen3-4B-shaped target where its later calls' median was 240, and
+# priced alone, it kept plans from drafting 4 for every request until their 25th.
+CALIBRATION_ROWS = (1, *COPY_ROWS)
 SCRATCH = -1  # the sequence id the timed calls write under; its blocks are freed right after
 
 
