@@ -231,8 +231,8 @@ def test_a_position_plans_stopped_reaching_keeps_the_error_of_its_own_count():
 def test_the_run_record_of_a_position_plans_stopped_reaching_fades_while_they_draft():
     """Plans draft 1 against a second position seen poor long ago (12 of 60 accepted), where it now accepts as often
     as the first (0.8), and drafting 3 would run 1.27x drafting 1 at these costs. The run's record fades with every
-    verification (RUN_DECAY), so the old misses lose their weight and a plan drafts 2 or more within 300 steps; with
-    the record kept whole, none did in 400."""
+    step that verifies (RUN_DECAY), so the old misses lose their weight and a plan drafts 2 or more within 300 steps;
+    with the record kept whole, none did in 400."""
     rng = np.random.default_rng(0)
     spec = Speculation(15, 1, fixed_cost(2e-3, 5e-4), fixed_cost(5e-4, 5e-5), learn_host=False)
     spec.host_s, spec.draft_host_s = 1e-4, 1e-4

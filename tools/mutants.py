@@ -436,8 +436,8 @@ MUTANTS = (
     Mutant(
         "speculation-run-record-kept-whole-while-drafting",
         "ovbuild/runtime/speculation/planner.py",
-        "self.run.record(proposed, accepted, RUN_DECAY)",
-        "self.run.record(proposed, accepted, 1.0)",
+        "            self.run.fade(RUN_DECAY)\n",
+        "            self.run.fade(1.0)\n",
         ("tests/test_planner_statistics.py",),
     ),
     Mutant(

@@ -77,10 +77,12 @@ EXPLORATION_GROWTH = 1.5
 # otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
 # half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
 RUN_IDLE_DECAY = 0.997
-# Per verification, the run-wide record fades by this much (about 200 verifications' memory): acceptance moves from
-# text to text, and the record of a position plans stopped reaching would otherwise stand for good. On the demo pair
-# one request at a time, plans once drafted 1 in 556 of 584 steps against a second position seen poor early on
+# Per step with a verification, the run-wide record fades by this much (about 200 steps' memory): acceptance moves
+# from text to text, and the record of a position plans stopped reaching would otherwise stand for good. On the demo
+# pair one request at a time, plans once drafted 1 in 556 of 584 steps against a second position seen poor early on
 # (tests/test_planner_statistics.py: such a record, kept whole, held a planner at 1 for 400 steps where 3 ran 1.27x).
+# Per step, not per verification: acceptance moves with time, and with 16 requests a fade per verification would keep
+# about a dozen steps of evidence. With 4 requests at Qwen3-4B shape the two read alike (docs/speed.md).
 RUN_DECAY = 0.995
 # Each retry that fails (see RETRY_PLANS) doubles that half-life, up to MAX_PATIENCE times; drafting that takes hold
 # resets it. Every fade brought a retry, and on the losing pair of bench_runtime.py --losing with 4 requests a retry
@@ -171,6 +173,7 @@ class Speculation:
     expected_tokens: float = field(init=False, default=0.0)
     accepted_tokens: float = field(init=False, default=0.0)
     since_drafted: int = field(init=False, default=0)  # steps since the last verification of proposals (see OPTIMISM)
+    _verified: bool = field(init=False, default=False)  # a verification since the last plan (see RUN_DECAY)
     # (accepted, reached) of the last requests that finished, all positions pooled (see REQUEST_WEIGHT)
     finished: deque[tuple[float, float]] = field(init=False, default_factory=lambda: deque(maxlen=FINISHED_KEPT))
 
@@ -257,7 +260,8 @@ class Speculation:
         """A verification's outcome, into the request's and the run's statistics."""
         if proposed:
             stats.record(proposed, accepted, DECAY)
-            self.run.record(proposed, accepted, RUN_DECAY)
+            self.run.record(proposed, accepted, 1.0)
+            self._verified = True  # the record fades once for the step, at the next plan (RUN_DECAY)
             self._run_estimate = None
             self.since_drafted = 0
         if stats.expected:  # a plan's choice (a pinned k expects nothing)
@@ -340,6 +344,9 @@ class Speculation:
         if not free or max(k for _, k in free) <= 0:
             return [0] * len(free)  # nothing to choose: nobody may draft
         start = time.perf_counter()
+        if self._verified:
+            self.run.fade(RUN_DECAY)
+            self._run_estimate, self._verified = None, False
         weight = self.request_weight([s for s, _ in free])
         survival = self.survival([s for s, _ in free], weight=weight)
         # every proposal that may be taken, best first; ties keep request-major order, each request's positions in order
