@@ -1,6 +1,6 @@
 """Rules for the repository as a whole: it speaks of what the code does, not of the work that made it (no milestone
 numbers); every measurement in the docs names its command, the CPU and the commit or date; the benchmarks all run on
-bench/harness.py; README.md stays a first screen and a map."""
+bench/harness.py; README.md stays a first screen and a map; the package's files stay short."""
 
 from __future__ import annotations
 
@@ -84,3 +84,13 @@ def test_every_benchmark_runs_on_the_harness():
 def test_readme_is_a_first_screen_and_a_map():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; details belong in docs/"
+
+
+def test_package_files_stay_short():
+    """One concept per file: none in the package over 400 lines."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in (ROOT / "ovbuild").rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert not long, f"files over 400 lines, to split by concept: {long}"

@@ -21,6 +21,13 @@ MAX_REQUEST_WEIGHT = 64.0
 DECAY = 0.9  # per verification: a request's recent steps count more (code loops, boilerplate, then prose)
 IDLE_DECAY = 0.95  # per step without a draft: a request's evidence fades back to the run-wide estimate
 PRIOR_WEIGHT = 2.0  # observations the prior (the position before's estimate) is worth in the run-wide estimate
+# Per step with a verification, the run-wide record (Speculation.run) fades by this much (about 200 steps' memory):
+# acceptance moves from text to text, and the record of a position plans stopped reaching would otherwise stand for
+# good. On the demo pair one request at a time, plans once drafted 1 in 556 of 584 steps against a second position seen
+# poor early on (tests/test_planner_statistics.py: such a record, kept whole, held a planner at 1 for 400 steps where 3
+# ran 1.27x). Per step, not per verification: acceptance moves with time, and with 16 requests a fade per verification
+# would keep about a dozen steps of evidence. With 4 requests at Qwen3-4B shape the two read alike (docs/speed.md).
+RUN_DECAY = 0.995
 
 
 @dataclass

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from ovbuild.runtime.speculation.acceptance import (
     DECAY,
     PRIOR_WEIGHT,
+    RUN_DECAY,
     AcceptanceStats,
     pooled,
     request_weight,
@@ -77,13 +78,6 @@ EXPLORATION_GROWTH = 1.5
 # otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
 # half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
 RUN_IDLE_DECAY = 0.997
-# Per step with a verification, the run-wide record fades by this much (about 200 steps' memory): acceptance moves
-# from text to text, and the record of a position plans stopped reaching would otherwise stand for good. On the demo
-# pair one request at a time, plans once drafted 1 in 556 of 584 steps against a second position seen poor early on
-# (tests/test_planner_statistics.py: such a record, kept whole, held a planner at 1 for 400 steps where 3 ran 1.27x).
-# Per step, not per verification: acceptance moves with time, and with 16 requests a fade per verification would keep
-# about a dozen steps of evidence. With 4 requests at Qwen3-4B shape the two read alike (docs/speed.md).
-RUN_DECAY = 0.995
 # Each retry that fails (see RETRY_PLANS) doubles that half-life, up to MAX_PATIENCE times; drafting that takes hold
 # resets it. Every fade brought a retry, and on the losing pair of bench_runtime.py --losing with 4 requests a retry
 # drafted 7 for every request, a draft call of 3 ms on 0.5 ms steps: in an interleaved A/B (docs/speed.md) the pipeline
