@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ovbuild.runtime.speculation.acceptance import (
+    IDLE_DECAY,
     MAX_REQUEST_WEIGHT,
     PRIOR_WEIGHT,
     REQUEST_WEIGHT,
@@ -45,6 +46,14 @@ def request_weight(stats: list[AcceptanceStats]) -> float:
 def counted(accepted: list[float], reached: list[float]) -> AcceptanceStats:
     """A request's record: per position, verifications that reached it and those that accepted it."""
     return AcceptanceStats(np.array(reached, float), np.array(accepted, float))
+
+
+def idle_step(spec: Speculation, requests: list[AcceptanceStats]) -> None:
+    """A step in which nobody drafted, as the scheduler accounts it: the run ages, each request's record fades."""
+    spec.age(1)
+    for request in requests:
+        request.idle_steps += 1
+        request.settle(IDLE_DECAY)
 
 
 def planner(positions: int = 15) -> Speculation:
@@ -109,10 +118,7 @@ def test_one_unlucky_verification_is_tried_again_within_a_few_steps():
     idle = 0
     while idle < 100 and not any(spec.plan([(r, 15) for r in requests], 4, 0, 0, False)):
         idle += 1
-        spec.age(1)
-        for request in requests:
-            request.idle_steps += 1
-            request.settle(0.95)
+        idle_step(spec, requests)
     assert any(spec.plan([(r, 15) for r in requests], 4, 0, 0, False)), "no plan drafted again within 100 steps"
     assert idle > 4, f"it drafted again after {idle} steps: the misses were hardly weighed"
 
@@ -125,9 +131,7 @@ def test_a_draft_seen_poor_many_times_is_not_tried_again_soon():
     for _ in range(40):
         spec.record(request, 4, 0)
     for _ in range(100):
-        spec.age(1)
-        request.idle_steps += 1
-        request.settle(0.95)
+        idle_step(spec, [request])
         assert spec.plan([(request, 15)] * 4, 4, 0, 0, False) == [0, 0, 0, 0]
 
 
@@ -246,8 +250,6 @@ def test_the_run_record_of_a_position_plans_stopped_reaching_fades_while_they_dr
             accepted = next((j for j in range(k) if rng.random() >= 0.8), k)
             spec.record(request, k, accepted)
         else:
-            spec.age(1)
-            request.idle_steps += 1
-            request.settle(0.95)
+            idle_step(spec, [request])
     assert lengths[0] < 2, f"the stale record did not hold the first plan back: {lengths[0]}"
     assert lengths[-1] >= 2, f"no plan drafted 2 or more in {len(lengths)} steps ({lengths.count(1)} drafted 1)"
