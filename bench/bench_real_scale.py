@@ -327,8 +327,7 @@ def run_concurrency(serving: Serving, n: int, args, rng) -> None:
     texts_each = f"{args.texts} text{'s' if args.texts > 1 else ''} each in turn"
     print(f"\n{n} request{'s' if n > 1 else ''} at once, {texts_each}, {args.prompt_tokens}-token prompts, "
           f"{args.new_tokens} new tokens each, {args.rounds} rounds; decode phase (after the first token; the prefill "
-          "is the same work on "
-          "both sides), and whole runs:")  # fmt: skip
+          "is the same work on both sides), and whole runs:")  # fmt: skip
     print(f"  target alone: {decoded / rounds.median('alone'):.2f} tokens/s decoding (median round), "
           f"{statistics.median(walls['alone']):.2f} s a run; A/A control (the target alone again) "
           f"{rounds.ratio('alone', 'alone A/A')}")  # fmt: skip

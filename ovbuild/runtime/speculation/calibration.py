@@ -33,7 +33,7 @@ from ovbuild.runtime.speculation.planner import Speculation
 
 # Row counts timed on each model: one row and every static copy's (ovbuild.runtime.model.static_rows), so that each
 # bucket a plan prices starts from a calibrated call. With only 1, 2, 4, ... 64 timed, the first 24-row call of a run
-# (4 requests drafting 4 or 5 each) took 326 ms on a Qwen3-4B-shaped target where its later calls' median was 240, and
+# (4 requests drafting 4 or 5 each) took 326 ms on a Qwen3-4B-shaped target where its 19 calls' median was 241, and
 # priced alone, it kept plans from drafting 4 for every request until their 25th.
 CALIBRATION_ROWS = (1, *COPY_ROWS)
 SCRATCH = -1  # the sequence id the timed calls write under; its blocks are freed right after
