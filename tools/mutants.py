@@ -27,7 +27,7 @@ SPECULATIVE = (
 )
 BF16 = ("tests/test_paged_parity.py", "tests/test_reference.py", "tests/test_dflash2_parity.py")
 QUANTIZED = ("tests/test_compression.py",)
-PLANNER = ("tests/test_speculation.py",)
+PLANNER = ("tests/test_plan_objective.py", "tests/test_plan_real_costs.py", "tests/test_speculation.py")
 CALL_COST = ("tests/test_call_cost.py",)
 SAMPLING = ("tests/test_sampling.py", "tests/test_sampling_e2e.py")
 CALLS = ("tests/test_binding.py", "tests/test_row_padding.py", "tests/test_paged_parity.py")
@@ -347,7 +347,7 @@ MUTANTS = (
         "ovbuild/runtime/speculation/call_cost.py",
         "r = table[r] if r < len(table) else r",
         "r = r",
-        ("tests/test_call_cost.py", "tests/test_speculation.py"),
+        ("tests/test_call_cost.py", "tests/test_plan_objective.py"),
     ),
     Mutant(
         "static-copies-compute-the-rows-asked",

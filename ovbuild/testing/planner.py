@@ -3,9 +3,20 @@ and in every run: tests that assert what was drafted or accepted must not depend
 
 from __future__ import annotations
 
+import numpy as np
+
+from ovbuild.runtime.speculation.acceptance import AcceptanceStats
 from ovbuild.runtime.speculation.call_cost import BUCKETS, CallCost
 from ovbuild.runtime.speculation.drafters.base import Drafter
 from ovbuild.runtime.speculation.planner import Speculation
+
+
+def accepting(rates: list[float], weight: float = 1000.0) -> AcceptanceStats:
+    """The acceptance statistics of a request that accepted position j at rate rates[j], seen `weight` times."""
+    stats = AcceptanceStats.empty(len(rates))
+    stats.reached[:] = weight
+    stats.accepted[:] = weight * np.array(rates)
+    return stats
 
 
 def fixed_cost(seconds_per_call: float, seconds_per_row: float) -> CallCost:

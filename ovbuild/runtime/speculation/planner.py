@@ -23,7 +23,7 @@ drafting by DRAFT_MARGIN.
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
 candidate offset 0; with offset 1 a request's first proposal costs one more draft row, which the order ignores
-(within 3.3% of the best plan over 200 random cost regimes, tests/test_speculation.py).
+(within 3.3% of the best plan over 200 random cost regimes, tests/test_plan_objective.py).
 """
 
 from __future__ import annotations
