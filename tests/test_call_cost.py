@@ -59,19 +59,19 @@ def test_buckets_no_call_ran_lately_keep_their_place_in_the_curve():
 
 
 def test_the_drift_follows_a_machine_that_slows_down_and_recovers():
-    """Calls of one row count at twice their time (other work on the machine): the drift follows within about 15
-    calls and comes back when the machine does. Expected: each call moves the drift by min(ratio, DRIFT_CLIP)^
-    DRIFT_RATE, so the drift after n calls at ratio 2 is found by iterating that map by hand, and a single spike moves
-    it by at most DRIFT_CLIP^DRIFT_RATE. Buckets no recent call ran are not priced over their own calls by it (see
-    the next test)."""
+    """Calls of one row count at twice their time (other work on the machine): every row count's price follows
+    within about 15 calls, without a call of its own (priced so once a bucket's last call is FRESH_CALLS old), and
+    comes back when the machine does. Expected: each call moves
+    the drift by min(ratio, DRIFT_CLIP)^DRIFT_RATE, so the drift after n calls at ratio 2 is found by iterating that
+    map by hand, and a single spike moves it by at most DRIFT_CLIP^DRIFT_RATE."""
     cost = calibrated()
     drift = 1.0
     for _ in range(FRESH_CALLS + 1):
         cost.observe(16, 2 * 1.09)
         drift *= min(2 / drift, DRIFT_CLIP) ** DRIFT_RATE
     assert drift > 1.95 and cost.drift == pytest.approx(drift, rel=1e-9)
-    # buckets 1 and 8 had no call among the last FRESH_CALLS: the drift since says slower, so their own calls
-    assert cost(np.array([1, 8])) == pytest.approx([0.4, 0.72], rel=1e-9)
+    # buckets 1 and 8 had no call among the last FRESH_CALLS: priced at their calls times the drift since
+    assert cost(np.array([1, 8])) == pytest.approx([0.4 * drift, 0.72 * drift], rel=0.01)
     assert cost(16) == pytest.approx(2 * 1.09), "a bucket with recent calls: their median, as it is"
     for _ in range(40):
         cost.observe(16, 1.09)
@@ -79,25 +79,6 @@ def test_the_drift_follows_a_machine_that_slows_down_and_recovers():
     before = cost.drift
     cost.observe(16, 50 * 1.09)  # one spike
     assert cost.drift / before <= DRIFT_CLIP**DRIFT_RATE + 1e-12
-
-
-def test_a_bucket_no_recent_call_ran_is_not_priced_over_its_calls_by_a_drift_read_elsewhere():
-    """Each bucket's reference errs its own way (the calibration keeps its fastest call): here the 16-row one 15%
-    under its calls. A planner that verified 12 rows for a while, then 16 rows only, reads a drift of 1 / 0.85 from
-    the 16-row calls alone, on a machine that did not change. Scaled by that drift since its last call, the 12-row
-    bucket would cost 18% over its own calls, as dear as 16 rows, and plans would keep away from it; it stays at its
-    calls, while a drift that says faster still lowers it (the next test)."""
-    cost = CallCost()
-    for rows, seconds in ((1, 0.4), (8, 0.72), (12, 0.9), (16, 0.85 * 1.09)):  # the calibration
-        cost.observe(rows, seconds)
-    for _ in range(100):
-        cost.observe(12, 0.9)
-    then = cost.drift
-    for _ in range(FRESH_CALLS + 100):
-        cost.observe(16, 1.09)
-    scaled = 0.9 * cost.drift / then
-    assert scaled > 1.15 * 0.9, f"the drift since read {cost.drift / then:.3f}: the case is not made"
-    assert cost(np.array([12, 16])) == pytest.approx([0.9, 1.09], rel=1e-9), f"the old rule priced 12 rows {scaled:.3f}"
 
 
 def test_a_draft_not_called_is_priced_at_the_machines_present_speed():

@@ -366,15 +366,8 @@ MUTANTS = (
     Mutant(
         "speculation-cost-stale-buckets-at-old-speed",
         "ovbuild/runtime/speculation/call_cost.py",
-        "now.append(seconds if fresh else min(seconds, seconds * drift / self.drift_then[b]))",
-        "now.append(seconds)",
-        CALL_COST,
-    ),
-    Mutant(
-        "speculation-cost-stale-buckets-over-their-calls",
-        "ovbuild/runtime/speculation/call_cost.py",
-        "now.append(seconds if fresh else min(seconds, seconds * drift / self.drift_then[b]))",
         "now.append(seconds if fresh else seconds * drift / self.drift_then[b])",
+        "now.append(seconds)",
         CALL_COST,
     ),
     Mutant(

@@ -35,13 +35,6 @@ DRIFT_RATE = 0.15
 # 12-row target bucket at 12% over its median and the 24-row draft bucket at 23% under, kinks in the curve that drew
 # the plans to full blocks of 15. A bucket is now priced at its own median while its last call is among the last
 # PHASE_CALLS, as long as a plan trusts a bucket at all (see outdated).
-# An older bucket is priced at its median times the drift since its last call only where that makes it cheaper: the
-# drift read on other buckets can be their references' error, not the machine's (above), and the two errors are not
-# alike. A price too low draws a plan to the bucket, whose call then prices it at its own median; a price too high keeps
-# plans away, so no call ever corrects it. One request at a time at tau 8.2 on a Qwen3-4B-shaped pair, the target's
-# 8-row and 12-row buckets were priced 15% and 16% over their calls' medians (178 and 216 ms against 155 and 186), 12
-# rows as dear as 16, and the plans drafted 15 in 66% of the steps where pinned k = 11 ran 3.40x against k = 15's 2.91x.
-# A machine that got slower is still followed: by the buckets called, and a bucket left at its old price draws calls.
 FRESH_CALLS = PHASE_CALLS
 DRIFT_CLIP = 1.5
 FOLD_AFTER = 64  # calls observed at most before they are folded in (see CallCost.observe)
@@ -57,9 +50,8 @@ class CallCost:
 
     Per bucket: the median of its recent calls (robust to a shared machine's spikes; of an even count the lower middle
     one, so that a bucket of two calls, one of them a spike, is not set by the spike), times the drift since the
-    bucket's last call when that is older than FRESH_CALLS calls and the drift fell since: a bucket no recent call ran
-    is priced at today's speed where the machine got faster, and at its own calls where the drift says slower (its calls
-    then tell; see FRESH_CALLS). Made non-decreasing in rows by pooling neighbouring buckets
+    bucket's last call when that is older than FRESH_CALLS calls: a bucket no recent call ran is priced at today's
+    speed, not at that of the moment it was last called. Made non-decreasing in rows by pooling neighbouring buckets
     that disagree, each weighted by its calls;
     interpolated between buckets, extrapolated linearly beyond the last. Every bucket ever seen stays in the curve:
     leaving out the buckets of another phase of the run (as this did until the drift replaced it) priced every row
@@ -261,10 +253,9 @@ class CallCost:
             if recent:
                 rows, seconds = self.median[b]
                 # a bucket with recent calls at their median; one without, at today's speed (the drift since its last)
-                # where that is lower (see FRESH_CALLS)
                 fresh = clock - self.clock_then[b] <= FRESH_CALLS
                 x.append(float(rows))
-                now.append(seconds if fresh else min(seconds, seconds * drift / self.drift_then[b]))
+                now.append(seconds if fresh else seconds * drift / self.drift_then[b])
                 calls.append(max(len(recent), 1))
         y = _monotone(now, calls)
         slope = max((y[-1] - y[-2]) / max(x[-1] - x[-2], 1e-9), 0.0) if len(x) > 1 else 0.0
