@@ -44,9 +44,10 @@ class AcceptanceStats:
         return cls(np.zeros(positions), np.zeros(positions))
 
     def record(self, proposed: int, accepted: int, decay: float) -> None:
-        """One verification: positions 0..accepted were reached (up to `proposed`), the first `accepted` kept."""
-        self.reached *= decay
-        self.accepted *= decay
+        """One verification: positions 0..accepted were reached (up to `proposed`), the first `accepted` kept, after
+        the record fades by `decay` (1.0: not at all, as the run-wide record, which fades per step: RUN_DECAY)."""
+        if decay != 1.0:
+            self.fade(decay)
         self.reached[: min(accepted + 1, proposed)] += 1
         self.accepted[:accepted] += 1
 
