@@ -51,7 +51,7 @@ import bench_cost_model  # the benchmark helpers beside this file (its folder is
 import numpy as np
 
 from ovbuild.export import export
-from ovbuild.runtime.model.paged_model import PagedModel
+from ovbuild.runtime.model.paged_model import PagedModel, compile_config
 from ovbuild.runtime.pipeline import EXACT_TARGET, FAST_DRAFT, ModelOptions, Pipeline, RuntimeOptions
 from ovbuild.runtime.request import GenerationConfig, Status
 from ovbuild.runtime.scheduler import Scheduler
@@ -444,6 +444,7 @@ def against_genai(folders: dict[str, Path], args) -> None:
     options = RuntimeOptions(target=ModelOptions("f16", args.inference_precision, 2048))
     pipeline = Pipeline(folders["target"], None, options)
     props = {"INFERENCE_PRECISION_HINT": args.inference_precision, "KV_CACHE_PRECISION": "f16"}
+    props |= {k: v for k, v in compile_config("f16").items() if k == "DYNAMIC_QUANTIZATION_GROUP_SIZE"}  # as ovbuild's
     llm = genai.LLMPipeline(str(folders["genai"]), "CPU", **props)
     config = genai.GenerationConfig()
     config.max_new_tokens, config.ignore_eos = args.new_tokens, True

@@ -192,6 +192,9 @@ def machine_line() -> str:
     capabilities = ",".join(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     default = core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
     features = " ".join(cpu_features()) or "none of avx2/avx512/amx/vnni/bf16/f16"
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if limit:  # the kernels run as on a CPU without the extensions above it (ovbuild.runtime.model.machine)
+        features += f"; KERNELS LIMITED TO {limit.upper()} (ONEDNN_MAX_CPU_ISA)"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"machine: {cpu_model()}, {os.cpu_count()} cores; flags: {features}; OpenVINO {ov.get_version()} "

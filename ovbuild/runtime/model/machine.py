@@ -2,6 +2,8 @@
 
 Benchmarks print it beside their figures, and tests use it where the CPU plugin's behaviour depends on the hardware
 (for example, int8 activation quantization of compressed layers needs VNNI or AMX; bf16 inference needs bf16 units).
+Under oneDNN's ISA limit (ONEDNN_MAX_CPU_ISA) the CPU answers as one without the extensions above the limit would:
+set to AVX2 on a CPU with AVX-512, it stands in for an AVX2-only CPU.
 """
 
 from __future__ import annotations
@@ -14,11 +16,50 @@ from pathlib import Path
 # The flags that change which kernels OpenVINO's CPU plugin picks, in /proc/cpuinfo's spelling.
 FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
 
+# oneDNN's ISA limit, and the extensions each level of it keeps: the plugin runs no kernel above the limit (its own
+# JIT kernels ask oneDNN what they may use), so a rule reading the flags must not count on them either. Levels are
+# oneDNN's names (docs: "CPU Dispatcher Control"); below AVX512_CORE every avx512 flag goes.
+ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+GATED = (*FEATURES, "amx_fp16")
+_AVX512 = ("avx2", "avx_vnni", "avx512f")
+ISA_KEEPS: dict[str, tuple[str, ...]] = {
+    "SSE41": (),
+    "AVX": (),
+    "AVX2": ("avx2",),
+    "AVX2_VNNI": ("avx2", "avx_vnni"),
+    "AVX2_VNNI_2": ("avx2", "avx_vnni"),
+    "AVX512_CORE": _AVX512,
+    "AVX512_CORE_VNNI": (*_AVX512, "avx512_vnni"),
+    "AVX512_CORE_BF16": (*_AVX512, "avx512_vnni", "avx512_bf16"),
+    "AVX512_CORE_FP16": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16"),
+    "AVX10_1_512": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16"),
+    "AVX512_CORE_AMX": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"),
+    "AVX10_1_512_AMX": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"),
+}
+
 
 @functools.cache
+def isa_limit() -> str | None:
+    """oneDNN's ISA limit where one is set and known, else None: read once, as oneDNN reads it (at its first kernel;
+    the process keeps that limit whatever the variable says later)."""
+    return isa_level(os.environ.get(ISA_ENV, ""))
+
+
+def isa_level(value: str) -> str | None:
+    """The level of ISA_KEEPS a value of ONEDNN_MAX_CPU_ISA names (case and blanks aside), or None."""
+    name = value.strip().upper()
+    return name if name in ISA_KEEPS else None
+
+
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (empty where /proc/cpuinfo is not readable). Rules call it as machine.cpu_flags(), so
-    that a test can stand in another CPU's flags."""
+    """The CPU's feature flags (empty where /proc/cpuinfo is not readable), less those above oneDNN's ISA limit. Rules
+    call it as machine.cpu_flags(), so that a test can stand in another CPU's flags."""
+    return limited(proc_cpu_flags(), isa_limit())
+
+
+@functools.cache
+def proc_cpu_flags() -> frozenset[str]:
+    """The flags /proc/cpuinfo lists for the CPU (empty where it is not readable)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -27,6 +68,17 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+def limited(flags: frozenset[str], limit: str | None) -> frozenset[str]:
+    """`flags` as a CPU limited to `limit` (a level of ISA_KEEPS; None: no limit) offers them."""
+    if limit is None:
+        return flags
+    keeps = ISA_KEEPS[limit]
+    dropped = {f for f in flags if f in GATED and f not in keeps}
+    if "avx512f" not in keeps:
+        dropped |= {f for f in flags if f.startswith("avx512")}
+    return flags - dropped
 
 
 def has_int8_dot_product() -> bool:
@@ -40,7 +92,13 @@ def cpu_capabilities() -> list[str]:
     test can put the rule on another CPU's terms."""
     from ovbuild.ir import core
 
-    return list(core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    capabilities = list(core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    if isa_limit() is None:
+        return capabilities
+    # the plugin reads these two from the CPU itself, past the limit; its bf16 and f16 kernels are oneDNN's, within it
+    flags = cpu_flags()
+    units = {"BF16": {"avx512_bf16", "amx_bf16"}, "FP16": {"avx512_fp16", "amx_fp16"}}
+    return [c for c in capabilities if c not in units or units[c] & flags]
 
 
 def cpu_math(inference_precision: str | None) -> str:
@@ -67,7 +125,8 @@ def describe() -> str:
     precision = core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
     name = core().get_property("CPU", "FULL_DEVICE_NAME") or platform.processor()
     have = " ".join(flags) or "none of " + " ".join(FEATURES)
-    return f"{name}; flags: {have}; plugin: {','.join(caps)}, default {precision}"
+    limit = f" (oneDNN limited to {isa_limit()}: {ISA_ENV})" if isa_limit() else ""
+    return f"{name}; flags: {have}{limit}; plugin: {','.join(caps)}, default {precision}"
 
 
 def device_kind(device: str) -> str:

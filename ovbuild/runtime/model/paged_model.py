@@ -15,6 +15,7 @@ from ovbuild.ir.ports import CACHES, LOGITS, MROPE_OFFSETS, ROW_OUTPUTS, STATE_R
 from ovbuild.runtime.cache.cache_manager import BlocksAndSlots, CacheManager
 from ovbuild.runtime.cache.kv_cache import PagedKVCache, SequenceRows
 from ovbuild.runtime.cache.state_pool import StatePool, state_specs
+from ovbuild.runtime.model import machine
 from ovbuild.runtime.model.binding import InputBinder
 from ovbuild.runtime.model.executors import MIN_ROWS, choose_executor
 from ovbuild.runtime.model.image_inputs import image_width, text_call
@@ -62,6 +63,11 @@ def compile_config(
         # Per-token keys (values are per token already) leave committed rows as they were written: measured exact
         # against the target alone with the same cache, where the default diverged (bench/bench_kv_cache.py).
         config["KEY_CACHE_QUANT_MODE"] = "BY_TOKEN"
+    if device_kind(device) == "CPU" and machine.isa_limit() and not machine.has_int8_dot_product():
+        # The plugin picks int8 activation quantization for compressed layers from the CPU's own flags, past oneDNN's
+        # ISA limit, and then finds no kernel within it ("could not create a primitive descriptor" on the first
+        # call). A CPU without VNNI or AMX quantizes no activations, so off is what the limit stands in for.
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
     scale = gpu_activations_scale_factor(model) if model is not None else None
     if device_kind(device) == "GPU" and scale is not None:
         config["ACTIVATIONS_SCALE_FACTOR"] = str(scale)
