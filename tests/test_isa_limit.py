@@ -52,16 +52,19 @@ def test_the_limit_is_read_as_onednn_reads_it(value, limit):
 
 
 def test_rules_read_the_cpu_as_the_limit_leaves_it(avx512_cpu, monkeypatch):
-    """Under an AVX2 limit the target computes in f32 (no bf16 units left), bf16 is not a capability, and compressed
-    layers quantize no activations (no VNNI left); without the limit the same CPU keeps all three."""
+    """Under an AVX2 limit the target computes in f32 (no bf16 units left), bf16 is not a capability, a model left to
+    the plugin's math is asked for f32, and compressed layers quantize no activations (no VNNI left); without the
+    limit the same CPU keeps all of them."""
     monkeypatch.setattr(machine, "isa_limit", lambda: None)
     assert target_inference_precision("CPU", None, "f16") == "bf16"
     assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in compile_config("f16", "f32")
+    assert "INFERENCE_PRECISION_HINT" not in compile_config("u8", None)
     monkeypatch.setattr(machine, "isa_limit", lambda: "AVX2")
     assert machine.cpu_flags() & set(machine.GATED) == {"avx2"}
     assert target_inference_precision("CPU", None, "f16") == "f32"
     assert draft_inference_precision("CPU", None, "u8") == "f32"
     assert compile_config("f16", "f32")["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0"
+    assert compile_config("u8", None)["INFERENCE_PRECISION_HINT"] == "f32"  # not the plugin's default, bf16
     assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in compile_config("f16", "f32", device="GPU")
     assert "BF16" not in machine.cpu_capabilities()
     assert "(oneDNN limited to AVX2" in machine.describe()

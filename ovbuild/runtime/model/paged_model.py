@@ -63,11 +63,14 @@ def compile_config(
         # Per-token keys (values are per token already) leave committed rows as they were written: measured exact
         # against the target alone with the same cache, where the default diverged (bench/bench_kv_cache.py).
         config["KEY_CACHE_QUANT_MODE"] = "BY_TOKEN"
-    if device_kind(device) == "CPU" and machine.isa_limit() and not machine.has_int8_dot_product():
-        # The plugin picks int8 activation quantization for compressed layers from the CPU's own flags, past oneDNN's
-        # ISA limit, and then finds no kernel within it ("could not create a primitive descriptor" on the first
-        # call). A CPU without VNNI or AMX quantizes no activations, so off is what the limit stands in for.
-        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
+    if device_kind(device) == "CPU" and machine.isa_limit():
+        # The plugin picks its default math (bf16) and int8 activation quantization for compressed layers from the
+        # CPU's own flags, past oneDNN's ISA limit, then finds no kernel within it ("could not create a primitive
+        # descriptor" on the first call). Ask for what a CPU without the extensions above the limit runs: f32 math
+        # without bf16 units, and no quantized activations without VNNI or AMX.
+        config.setdefault("INFERENCE_PRECISION_HINT", cpu_math(None))
+        if not machine.has_int8_dot_product():
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
     scale = gpu_activations_scale_factor(model) if model is not None else None
     if device_kind(device) == "GPU" and scale is not None:
         config["ACTIVATIONS_SCALE_FACTOR"] = str(scale)
