@@ -16,25 +16,28 @@ from pathlib import Path
 # The flags that change which kernels OpenVINO's CPU plugin picks, in /proc/cpuinfo's spelling.
 FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
 
-# oneDNN's ISA limit, and the extensions each level of it keeps: the plugin runs no kernel above the limit (its own
-# JIT kernels ask oneDNN what they may use), so a rule reading the flags must not count on them either. Levels are
-# oneDNN's names (docs: "CPU Dispatcher Control"); below AVX512_CORE every avx512 flag goes.
+# oneDNN's ISA limit, and the extensions each level of it keeps: oneDNN, whose kernels run the matmuls, runs none
+# above the limit, so a rule reading the flags must not count on them either. Levels are oneDNN's names (its docs:
+# "CPU Dispatcher Control") and nest as its ISAs do: AVX512_CORE holds AVX2 but not AVX2_VNNI; below AVX512_CORE every
+# avx512 flag goes.
 ISA_ENV = "ONEDNN_MAX_CPU_ISA"
 GATED = (*FEATURES, "amx_fp16")
-_AVX512 = ("avx2", "avx_vnni", "avx512f")
+_CORE = ("avx2", "avx512f")
+_BF16 = (*_CORE, "avx512_vnni", "avx512_bf16")
+_FP16 = (*_BF16, "avx512_fp16", "avx_vnni")
 ISA_KEEPS: dict[str, tuple[str, ...]] = {
     "SSE41": (),
     "AVX": (),
     "AVX2": ("avx2",),
     "AVX2_VNNI": ("avx2", "avx_vnni"),
     "AVX2_VNNI_2": ("avx2", "avx_vnni"),
-    "AVX512_CORE": _AVX512,
-    "AVX512_CORE_VNNI": (*_AVX512, "avx512_vnni"),
-    "AVX512_CORE_BF16": (*_AVX512, "avx512_vnni", "avx512_bf16"),
-    "AVX512_CORE_FP16": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16"),
-    "AVX10_1_512": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16"),
-    "AVX512_CORE_AMX": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"),
-    "AVX10_1_512_AMX": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"),
+    "AVX512_CORE": _CORE,
+    "AVX512_CORE_VNNI": (*_CORE, "avx512_vnni"),
+    "AVX512_CORE_BF16": _BF16,
+    "AVX512_CORE_FP16": _FP16,
+    "AVX10_1_512": _FP16,
+    "AVX512_CORE_AMX": (*_BF16, "amx_bf16", "amx_int8"),
+    "AVX10_1_512_AMX": (*_FP16, "amx_bf16", "amx_int8"),
 }
 
 
