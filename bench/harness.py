@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ovbuild.runtime.model.machine import ISA_ENV
+
 # Flags (in /proc/cpuinfo's spelling) that change which kernels OpenVINO's CPU plugin picks.
 FEATURE_PATTERN = re.compile(r"^(avx2|avx512.*|amx.*|.*vnni.*|.*bf16.*|.*fp16.*|f16c)$")
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -192,9 +194,9 @@ def machine_line() -> str:
     capabilities = ",".join(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     default = core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
     features = " ".join(cpu_features()) or "none of avx2/avx512/amx/vnni/bf16/f16"
-    limit = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    limit = os.environ.get(ISA_ENV)  # as set, even a level ovbuild's table does not know: oneDNN reads it
     if limit:  # the kernels run as on a CPU without the extensions above it (ovbuild.runtime.model.machine)
-        features += f"; KERNELS LIMITED TO {limit.upper()} (ONEDNN_MAX_CPU_ISA)"
+        features += f"; KERNELS LIMITED TO {limit.strip().upper()} ({ISA_ENV})"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"machine: {cpu_model()}, {os.cpu_count()} cores; flags: {features}; OpenVINO {ov.get_version()} "
