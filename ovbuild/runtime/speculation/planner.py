@@ -18,7 +18,8 @@ target rows and k + candidate_offset draft rows (the drafter runs a block of tha
 every request's pending context rows: as many as the step commits are charged in full (each call of a drafting streak
 carries the step before's), and a backlog beyond them (taps piled up while nobody drafted, a gap's) serves every later
 step and is charged at a share (CATCH_UP_STEPS). A plan that makes a draft call where none is needed must beat not
-drafting by DRAFT_MARGIN.
+drafting by DRAFT_MARGIN, and a plan that expects, without the optimism, to lose against drafting nobody is a try,
+taken only while the exploration budget covers its expected loss (ovbuild.runtime.speculation.exploration).
 
 Because every extra proposal adds one target row and one draft row, the best plan takes proposals in order of their
 acceptance chance s_j (across requests), so the search is one sort and a scan over that order. That is exact with
@@ -44,6 +45,7 @@ from ovbuild.runtime.speculation.acceptance import (
     with_bonus,
 )
 from ovbuild.runtime.speculation.call_cost import CallCost
+from ovbuild.runtime.speculation.exploration import ExplorationBudget
 from ovbuild.runtime.speculation.host_time import HostTimes
 
 if TYPE_CHECKING:  # for annotations only: the planner itself runs no model
@@ -57,17 +59,14 @@ if TYPE_CHECKING:  # for annotations only: the planner itself runs no model
 PRIOR_ACCEPTANCE = 0.6
 # Standard errors added to the run-wide estimate that plans choose by: a greedy planner that stopped drafting on a few
 # early misses would never see the evidence that it was wrong (the demo pair's first request, rejected twice, kept a
-# whole pipeline from drafting again); the bonus shrinks as verifications add up, so a draft that is really poor is
-# still dropped. What a plan expects (for the realism, below) is taken without it: counted in, the bonus on positions
-# short plans never reach (0.6 -> 0.95) made full-block plans expect far more than they got, and the realism that
-# followed (0.47) kept the demo pair from drafting where full blocks ran 1.3x as fast.
+# whole pipeline from drafting again); the bonus shrinks as verifications add up. What a plan expects (the realism,
+# below; the exploration budget, ovbuild.runtime.speculation.exploration) is taken without it: counted in, the bonus on
+# positions short plans never reach made full-block plans expect far more than they got (realism 0.47).
 # While nobody drafts, the standard errors taken grow as UCB1's bonus does, to sqrt(EXPLORATION_GROWTH * ln(1 + steps
-# since the last verification)) (Speculation.exploration): evidence never refreshes while the planner does not draft,
-# and one unlucky first verification (4 requests at tau 5.6 on a Qwen3-4B-shaped pair, 2 of 4 proposals rejected at
-# their first token) kept a run from drafting for its 200 steps where drafting 2 ran 1.28x. Thin evidence is thus
-# tried again within about a hundred steps (tests/test_planner_statistics.py), while a draft seen to be poor over many
-# verifications (a small standard error) waits for the run-wide record to fade (RUN_IDLE_DECAY). How the standard
-# errors of the positions add up along a block: ovbuild.runtime.speculation.acceptance.with_bonus.
+# since the last verification)) (Speculation.exploration): one unlucky first verification (4 requests at tau 5.6 on a
+# Qwen3-4B-shaped pair, 2 of 4 proposals rejected at their first token) kept a run from drafting for its 200 steps
+# where drafting 2 ran 1.28x. A draft seen to be poor over many verifications (a small standard error) waits for the
+# run-wide record to fade (RUN_IDLE_DECAY). Along a block the bonuses add up as acceptance.with_bonus adds them.
 OPTIMISM = 1.0
 # UCB1 takes 2. With the bonuses added as acceptance.with_bonus adds them, 1 brought that unlucky record back after
 # 102 steps, 2 tried a draft that is always wrong again 3 steps after its first misses, and 1.5 keeps both within
@@ -79,35 +78,26 @@ EXPLORATION_GROWTH = 1.5
 # half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
 RUN_IDLE_DECAY = 0.997
 # Each retry that fails (see RETRY_PLANS) doubles that half-life, up to MAX_PATIENCE times; drafting that takes hold
-# resets it. Every fade brought a retry, and on the losing pair of bench_runtime.py --losing with 4 requests a retry
-# drafted 7 for every request, a draft call of 3 ms on 0.5 ms steps: in an interleaved A/B (docs/speed.md) the pipeline
-# ran at 0.90x the target alone with retries every ~230 steps, 0.93x with this patience and 0.94x with no retries at
-# all. Failures in a row are evidence that fading forgets.
+# resets it. On the losing pair of bench_runtime.py --losing with 4 requests, retries every ~230 steps ran 0.90x the
+# target alone, 0.93x with this patience and 0.94x with none (docs/speed.md): failures in a row are what fading forgets.
 MAX_PATIENCE = 8
 FINISHED_KEPT = 16
 # A plan that makes a draft call where none is needed must promise this many times the tokens per second of not
-# drafting. Within that the call costs' noise decides, and a step that drafts costs more than its calls and host time
-# show: the next plain step's target call changes row count back (bench_row_padding.py, docs/speed.md). One request
-# at a time on the demo pair, where drafting is break-even, plans that drafted on such margins ran at 0.90x of never
-# drafting.
+# drafting: within that the costs' noise decides, and a drafting step costs more than its calls show (the next plain
+# call changes row count back, bench_row_padding.py). Break-even on the demo pair, thinner margins ran 0.90x.
 DRAFT_MARGIN = 1.05
 FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
-# Steps without a plan, at most, while the last plans drafted for nobody. Such a plan's inputs barely move (no
-# verification adds evidence; idle fading only pulls requests back to the run-wide estimate), and a plan run right
-# after a model call cost ~0.27 ms here in numpy (cold caches: 5x its warm cost) and still ~0.1 ms in plain Python:
-# at every 8th step plans were 3% of a 1-request step on the demo pair.
+# Steps without a plan, at most, while the last plans drafted for nobody: such a plan's inputs barely move, and one
+# costs ~0.1 ms right after a model call (cold caches); at every 8th step plans were 3% of a demo-pair step.
 MAX_PLAN_BACKOFF = 32
 # Further apart where a plan costs more than this share of the plain steps between two plans, up to MAX_PLAN_BACKOFF
-# times MAX_PATIENCE: a plan is plain Python over every request's every position, and with 16 requests on the losing
-# pair of bench_runtime.py --losing one took ~0.64 ms, half a 1.3 ms step. Not less: a planner backed off where drafting
-# has come to pay again waits for its next plan, and at 0.25% a 0.2 ms plan on the demo pair's 2 ms steps would come
-# every 40th step instead of every 32nd. Plans (their seconds, Speculation.plan_s) are timed only where host time is
-# learnt (learn_host).
+# times MAX_PATIENCE: with 16 requests on the losing pair (bench_runtime.py --losing) a plan took ~0.64 ms, half a step.
+# Not less: a planner backed off where drafting has come to pay waits for its next plan. Plans (Speculation.plan_s)
+# are timed only where host time is learnt (learn_host).
 PLAN_SHARE = 0.005
-# A drafting streak of at most this many plans that began while the planner was backing off is a retry (the
-# exploration bonus grew, or the evidence faded): when it ends, backing off resumes where it stood, rather than from 1
-# again. On a pair where drafting loses (bench_runtime.py --losing, one request), each failed retry otherwise cost six
-# plans (~0.5 ms) on the way back to MAX_PLAN_BACKOFF, beside the retry's own 1.5 ms draft call.
+# A drafting streak of at most this many plans that began while the planner was backing off is a retry: when it ends,
+# backing off resumes where it stood, not from 1 (on the losing pair each failed retry otherwise cost six plans,
+# ~0.5 ms, on the way back to MAX_PLAN_BACKOFF).
 RETRY_PLANS = 2
 # A catch-up (the taps of rows that ran without them, ovbuild.runtime.catch_up) is paid once and serves every step the
 # request then drafts, and more: taps are left out again only after six plans in a row drafted for nobody, backing off
@@ -167,6 +157,7 @@ class Speculation:
     expected_tokens: float = field(init=False, default=0.0)
     accepted_tokens: float = field(init=False, default=0.0)
     since_drafted: int = field(init=False, default=0)  # steps since the last verification of proposals (see OPTIMISM)
+    budget: ExplorationBudget = field(init=False, default_factory=ExplorationBudget)  # what tries may still lose
     _verified: bool = field(init=False, default=False)  # a verification since the last plan (see RUN_DECAY)
     # (accepted, reached) of the last requests that finished, all positions pooled (see REQUEST_WEIGHT)
     finished: deque[tuple[float, float]] = field(init=False, default_factory=lambda: deque(maxlen=FINISHED_KEPT))
@@ -259,6 +250,7 @@ class Speculation:
             self._run_estimate = None
             self.since_drafted = 0
         if stats.expected:  # a plan's choice (a pinned k expects nothing)
+            self.budget.settle(accepted, stats.expected)
             self.expected_tokens = REALISM_DECAY * self.expected_tokens + stats.expected
             self.accepted_tokens = REALISM_DECAY * self.accepted_tokens + accepted
             stats.expected = 0.0
@@ -303,6 +295,7 @@ class Speculation:
         if idle_steps <= 0:
             return
         self.since_drafted += idle_steps
+        self.budget.earn(idle_steps, self.plain_step_s)
         fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)
         self.run.fade(fade)
         self.expected_tokens *= fade
@@ -370,11 +363,16 @@ class Speculation:
             draft = [d + (t / CATCH_UP_STEPS if c else 0.0) for d, t, c in zip(draft, catch, caught, strict=True)]
         anyway = force_draft or fixed_draft_rows > 0
         host_s, draft_host_s = self.host_costs(len(free) if requests is None else requests)
-        rates = [
-            tokens[m] / max(target[m] + host_s + (draft[m] + draft_host_s if m or anyway else 0.0), 1e-9)
-            for m in range(len(tokens))
-        ]
+        drafting = [draft[m] + draft_host_s if m or anyway else 0.0 for m in range(len(tokens))]
+        seconds = [max(target[m] + host_s + drafting[m], 1e-9) for m in range(len(tokens))]
+        rates = [t / s for t, s in zip(tokens, seconds, strict=True)]
         best = rates.index(max(rates))  # the fewest proposals among equally good plans
+        plain = self.survival([s for s, _ in free], False, weight) if best else [[]] * len(free)
+        expected = [float(len(free))]  # tokens as expected without the optimism (see exploration.ExplorationBudget)
+        for _, request, j in order[:best]:
+            expected.append(expected[-1] + realism * plain[request][j])
+        losses = [seconds[m] - expected[m] / rates[0] for m in range(best + 1)]
+        best = self.budget.best(rates, losses, seconds[0])
         if not anyway and best and rates[best] < DRAFT_MARGIN * rates[0]:
             best = 0  # a draft call that is not needed anyway must promise more than the costs' noise
         if not anyway and best and self.target_cost.outdated(fixed_target_rows):
@@ -382,14 +380,16 @@ class Speculation:
             # one to time it. On the demo pair, 4 requests at once drafted in every step against a 4-row call time
             # left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
             best = 0
+        self.budget.spend(losses[best], seconds[0] / tokens[0], realism)
+        if best:
+            self.budget.earn(1, seconds[0])  # the step it plans (a step without a draft is counted by age)
         lengths = [0] * len(free)
         for _, request, _ in order[:best]:
             lengths[request] += 1
-        plain = self.survival([s for s, _ in free], False, weight) if best else [[]] * len(free)
         for (stats, _), chances, k in zip(free, plain, lengths, strict=True):
             stats.expected = sum(chances[:k])
+        self.plain_step_s = target[0] + host_s
         if self.learn_host:
-            self.plain_step_s = target[0] + host_s
             self.plan_s = _ema(self.plan_s, time.perf_counter() - start)
         return lengths
 
