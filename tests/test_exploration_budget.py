@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from test_planner_statistics import idle_step, planner
 
 from ovbuild.runtime.speculation import exploration
 from ovbuild.runtime.speculation.acceptance import IDLE_DECAY
@@ -96,3 +97,27 @@ def test_the_budget_leaves_a_draft_that_pays_alone():
     """One request on the same curve at 0.83 a position, where drafting 3 pays about 1.9x: the budget takes nothing
     from it (the plans pay as expected), so no time is lost and well over a third is gained."""
     assert lost_share(0.83, 1, 256, seed=0) < -0.4
+
+
+def test_idle_steps_earn_what_a_try_needs():
+    """A run's first verification missed for three of its four requests (the unlucky record of
+    test_planner_statistics, where drafting 2 each pays 1.25x): with the credit left, the plans try again once the
+    exploration bonus has grown (52 idle steps); with the credit spent, only once the idle steps have earned the try's
+    expected loss back, later but within 200 steps."""
+
+    def idle_until_a_try(credit: float | None) -> int:
+        spec = planner()
+        requests = [spec.new_stats() for _ in range(4)]
+        first = spec.plan([(r, 15) for r in requests], 4, 0, 0, False)
+        for request, accepted in zip(requests, (0, 0, 1, 0), strict=True):
+            spec.record(request, first[0], accepted)
+        if credit is not None:
+            spec.budget.credit = credit
+        idle = 0
+        while idle < 200 and not any(spec.plan([(r, 15) for r in requests], 4, 0, 0, False)):
+            idle += 1
+            idle_step(spec, requests)
+        return idle
+
+    left, spent = idle_until_a_try(None), idle_until_a_try(0.0)
+    assert left < spent < 200, (left, spent)

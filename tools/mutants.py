@@ -317,8 +317,8 @@ MUTANTS = (
     Mutant(
         "speculation-draft-call-free",
         "ovbuild/runtime/speculation/planner.py",
-        "(draft[m] + draft_host_s if m or anyway else 0.0)",
-        "0.0",
+        "drafting = [draft[m] + draft_host_s if m or anyway else 0.0 for m in range(len(tokens))]",
+        "drafting = [0.0] * len(tokens)",
         PLANNER,
     ),
     Mutant(
@@ -404,6 +404,27 @@ MUTANTS = (
         "fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)",
         "fade = RUN_IDLE_DECAY**idle_steps",
         ("tests/test_planner_statistics.py",),
+    ),
+    Mutant(
+        "exploration-tries-whatever-they-cost",
+        "ovbuild/runtime/speculation/exploration.py",
+        "if m == 0 or loss <= max(self.credit, 0.0)]",
+        "if m == 0 or loss <= math.inf]",
+        ("tests/test_exploration_budget.py",),
+    ),
+    Mutant(
+        "exploration-settles-a-try-backwards",
+        "ovbuild/runtime/speculation/exploration.py",
+        "self.credit += (accepted - self.realism * expected) * self.token_s",
+        "self.credit += (self.realism * expected - accepted) * self.token_s",
+        ("tests/test_exploration_budget.py",),
+    ),
+    Mutant(
+        "exploration-budget-never-earned-while-idle",
+        "ovbuild/runtime/speculation/planner.py",
+        "self.budget.earn(idle_steps, self.plain_step_s)",
+        "pass",
+        ("tests/test_exploration_budget.py", "tests/test_speculation.py"),
     ),
     Mutant(
         "call-cost-never-folds-an-unread-cost",
