@@ -46,8 +46,9 @@ class ExplorationBudget:
         self.credit += EXPLORATION_SHARE * steps * step_s
 
     def best(self, rates: list[float], losses: list[float], step_s: float) -> int:
-        """The plan of the highest rate (fewest proposals among equals) whose expected loss the credit covers;
-        losses[m]: plan m's expected seconds lost against drafting nobody (plan 0); step_s: a plain step's price."""
+        """The plan of the highest rate (fewest proposals among equals) whose expected loss the credit, first capped
+        at CREDIT_STEPS plain steps, covers; losses[m]: plan m's expected seconds lost against drafting nobody (plan
+        0); step_s: a plain step's price."""
         self.credit = min(self.credit, CREDIT_STEPS * step_s)
         allowed = [m for m, loss in enumerate(losses) if m == 0 or loss <= max(self.credit, 0.0)]
         return max(allowed, key=lambda m: (rates[m], -m))

@@ -371,7 +371,8 @@ class Speculation:
         expected = [float(len(free))]  # tokens as expected without the optimism (see exploration.ExplorationBudget)
         for _, request, j in order[:best]:
             expected.append(expected[-1] + realism * plain[request][j])
-        losses = [seconds[m] - expected[m] / rates[0] for m in range(best + 1)]
+        token_s = seconds[0] / tokens[0]  # a plain step's seconds per token
+        losses = [seconds[m] - expected[m] * token_s for m in range(best + 1)]
         best = self.budget.best(rates, losses, seconds[0])
         if not anyway and best and rates[best] < DRAFT_MARGIN * rates[0]:
             best = 0  # a draft call that is not needed anyway must promise more than the costs' noise
@@ -380,7 +381,7 @@ class Speculation:
             # one to time it. On the demo pair, 4 requests at once drafted in every step against a 4-row call time
             # left from one request at a time (4.6 ms, where 4-row steps took 3.5 to 3.9 ms).
             best = 0
-        self.budget.spend(losses[best], seconds[0] / tokens[0], realism)
+        self.budget.spend(losses[best], token_s, realism)
         if best:
             self.budget.earn(1, seconds[0])  # the step it plans (a step without a draft is counted by age)
         lengths = [0] * len(free)
