@@ -10,13 +10,8 @@ from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.drafters import BlockDrafter
-from ovbuild.runtime.speculation.planner import (
-    FLUSH_ROWS,
-    MAX_PLAN_BACKOFF,
-    REPLAN_AFTER_CHANGE,
-    REPLAN_RATIO,
-    Speculation,
-)
+from ovbuild.runtime.speculation.pace import MAX_PLAN_BACKOFF
+from ovbuild.runtime.speculation.planner import FLUSH_ROWS, REPLAN_AFTER_CHANGE, REPLAN_RATIO, Speculation
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter
@@ -85,7 +80,7 @@ def test_the_planner_keeps_its_skip_counters_and_settles_them_per_request():
     assert planner.wants_costs([a, b])
     plans = [planner.plan([a, b]) for _ in range(4)]
     assert [p == DraftPlan() for p in plans] == [False, True, False, True]
-    assert spec.plans == 2 and spec.backoff == 2 and planner.skipped == 2 and planner.skips_left == 1
+    assert spec.plans == 2 and spec.pace.backoff == 2 and planner.skipped == 2 and planner.skips_left == 1
     assert not planner.wants_costs([a, b])
     assert a.metrics.draft_length_histogram == [1]  # the step skipped before the second plan
     a.metrics.first_token_time = 1.0
@@ -129,9 +124,9 @@ def test_a_small_change_of_the_batch_keeps_the_pace_of_the_plans():
     planner.started(seventh)
     planner.plan([*four[2:], seventh])
     assert planner.skips_left == 29, "3 where the last plan had 4: skipped"
-    spec.backoff = MAX_PLAN_BACKOFF
+    spec.pace.backoff = MAX_PLAN_BACKOFF
     assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == MAX_PLAN_BACKOFF
-    spec.backoff = 4  # the last plans drafted for nobody, perhaps for want of tokens left to draft: plan at once
+    spec.pace.backoff = 4  # the last plans drafted for nobody, perhaps for want of tokens left to draft: plan at once
     assert DraftPlanner(spec, 7, 1, max_rows=64).skips_left == 0
 
 

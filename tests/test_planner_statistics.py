@@ -19,14 +19,8 @@ from ovbuild.runtime.speculation.acceptance import (
     with_bonus,
 )
 from ovbuild.runtime.speculation.acceptance import request_weight as weight_of_counts
-from ovbuild.runtime.speculation.planner import (
-    MAX_PATIENCE,
-    MAX_PLAN_BACKOFF,
-    PLAN_SHARE,
-    RETRY_PLANS,
-    RUN_IDLE_DECAY,
-    Speculation,
-)
+from ovbuild.runtime.speculation.pace import MAX_PATIENCE, MAX_PLAN_BACKOFF, PLAN_SHARE, RETRY_PLANS
+from ovbuild.runtime.speculation.planner import RUN_IDLE_DECAY, Speculation
 from ovbuild.testing.planner import fixed_cost, fixed_curve
 
 # Timed calls of a Qwen3-4B-shaped pair with 4 requests at once (int8 weights, f32 math, 2-core AVX-512 EPYC):
@@ -187,14 +181,14 @@ def test_failed_retries_make_the_run_wide_evidence_fade_more_slowly():
     for _ in range(5):
         spec.back_off(True)  # a retry of one plan, which fails
         spec.back_off(False)
-        patience.append(spec.patience)
+        patience.append(spec.pace.patience)
     assert patience == [2, 4, 8, 8, 8] and MAX_PATIENCE == 8
     spec.run.reached[:] = 10.0
     spec.age(100)
     assert spec.run.reached[0] == 10.0 * RUN_IDLE_DECAY ** (100 / 8)
     for _ in range(RETRY_PLANS + 1):
         spec.back_off(True)
-    assert spec.patience == 1, "drafting took hold"
+    assert spec.pace.patience == 1, "drafting took hold"
 
 
 def test_the_bonus_on_a_block_adds_up_as_its_positions_errors_do():

@@ -18,7 +18,8 @@ from ovbuild.runtime.speculation.acceptance import AcceptanceStats
 from ovbuild.runtime.speculation.calibration import CALIBRATION_ROWS, observe_calls
 from ovbuild.runtime.speculation.drafters import BlockDrafter
 from ovbuild.runtime.speculation.drafters.base import DraftItem
-from ovbuild.runtime.speculation.planner import MAX_PLAN_BACKOFF, REPLAN_AFTER_CHANGE, Speculation
+from ovbuild.runtime.speculation.pace import MAX_PLAN_BACKOFF
+from ovbuild.runtime.speculation.planner import REPLAN_AFTER_CHANGE, Speculation
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import accepting, fixed_cost, fixed_speculation
 from ovbuild.testing.steered import SteeredDrafter

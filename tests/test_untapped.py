@@ -18,7 +18,8 @@ from ovbuild.runtime.model.static_rows import weight_bytes
 from ovbuild.runtime.request import GenerationConfig, Request, Status
 from ovbuild.runtime.scheduler import Scheduler
 from ovbuild.runtime.speculation.drafters import BlockDrafter
-from ovbuild.runtime.speculation.planner import MAX_PLAN_BACKOFF, Speculation
+from ovbuild.runtime.speculation.pace import MAX_PLAN_BACKOFF
+from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.testing import TINY_TARGET
 from ovbuild.testing.planner import fixed_cost
 from ovbuild.testing.steered import SteeredDrafter
@@ -157,7 +158,7 @@ def idle_pipeline(models, max_num_batched_tokens: int = 2048) -> tuple[Scheduler
         host_s=1e-4,
         learn_host=False,
     )
-    speculation.backoff = MAX_PLAN_BACKOFF  # drafting has not paid for a while: calls leave the taps out
+    speculation.pace.backoff = MAX_PLAN_BACKOFF  # drafting has not paid for a while: calls leave the taps out
     untapped_calls = []
     sibling = target_model.untapped()
     sibling_run = sibling.run

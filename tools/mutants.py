@@ -393,7 +393,7 @@ MUTANTS = (
     ),
     Mutant(
         "planner-retry-backs-off-from-one",
-        "ovbuild/runtime/speculation/planner.py",
+        "ovbuild/runtime/speculation/pace.py",
         "level = self.paused_backoff if retried else 0",
         "level = 0",
         ("tests/test_planner_statistics.py",),
@@ -401,7 +401,7 @@ MUTANTS = (
     Mutant(
         "planner-fades-at-one-pace-after-failed-retries",
         "ovbuild/runtime/speculation/planner.py",
-        "fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)",
+        "fade = RUN_IDLE_DECAY ** (idle_steps / self.pace.patience)",
         "fade = RUN_IDLE_DECAY**idle_steps",
         ("tests/test_planner_statistics.py",),
     ),
@@ -485,7 +485,7 @@ MUTANTS = (
     Mutant(
         "speculation-evidence-never-ages",
         "ovbuild/runtime/speculation/planner.py",
-        "fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)",
+        "fade = RUN_IDLE_DECAY ** (idle_steps / self.pace.patience)",
         "fade = 1.0",
         PLANNER,
     ),
@@ -762,8 +762,8 @@ MUTANTS = (
     Mutant(
         "scheduler-leaves-taps-out-for-a-pinned-draft-length",
         "ovbuild/runtime/scheduler.py",
-        "        if idle and not any(r.config.num_assistant_tokens for r in self.running):",
-        "        if idle:",
+        "        if self.speculation.pace.idle and not any(r.config.num_assistant_tokens for r in self.running):",
+        "        if self.speculation.pace.idle:",
         UNTAPPED,
     ),
     Mutant(

@@ -3,7 +3,7 @@
 `DraftPlanner.plan` chooses, without running a model, a `DraftPlan`: the draft length of every decoding request
 (pinned by num_assistant_tokens, else by ovbuild.runtime.speculation.planner from measured call costs and each request's
 acceptance; 0 = no draft for it), whether pending taps force a draft call, and which requests catch up first. The
-planner keeps its own counters: while its last plan drafted for nobody it backs off (Speculation.backoff), and the
+planner keeps its own counters: while its last plan drafted for nobody it backs off (Speculation.pace), and the
 steps it skips are counted in bulk, settled per request when that request is next planned or finishes.
 `DraftStep.execute` runs a plan: the catch-up (ovbuild.runtime.catch_up) of the requests to draft after a gap, then
 one draft call, when any request drafts, packing per request the target taps it has not seen and a block of its
@@ -24,7 +24,6 @@ from ovbuild.runtime.speculation.calibration import calibrate
 from ovbuild.runtime.speculation.drafters.base import Drafter, DraftItem, Proposal
 from ovbuild.runtime.speculation.planner import (
     FLUSH_ROWS,
-    MAX_PLAN_BACKOFF,
     REPLAN_AFTER_CHANGE,
     REPLAN_RATIO,
     Speculation,
@@ -64,15 +63,14 @@ class DraftPlanner:
         """max_candidates, candidate_offset: the drafter's; max_rows: the scheduler's max_num_batched_tokens."""
         self.speculation = speculation
         self.max_candidates, self.candidate_offset, self.max_rows = max_candidates, candidate_offset, max_rows
-        # Steps left without a draft-length plan (Speculation.backoff after a plan for nobody). A new scheduler goes on
+        # Steps left without a draft-length plan (PlanPace.backoff after a plan for nobody). A new scheduler goes on
         # at its planner's pace where it had backed off all the way: one request at a time, each scheduler's first
         # plan cost ~0.2 ms in a 64-token request's first step (0.9% of its steps on the losing pair of
         # bench_runtime.py --losing). Short of that, it plans at once: the last steps of a request may draft no more
         # than it may still generate, so its last plans draft for nobody and back off whether drafting pays or not;
         # going on at that pace, the next request of the demo pair drafted in none of its first steps (159 of ~480
         # steps drafting 0 against 25, one request at a time in bench_vs_genai.py).
-        backed_off = speculation.backoff >= MAX_PLAN_BACKOFF
-        self.skips_left = speculation.backoff if backed_off else 0
+        self.skips_left = speculation.pace.backoff if speculation.pace.idle else 0
         self.changed = False  # requests started or stopped decoding since the last plan (see batch_changed)
         self.skipped = 0  # steps skipped so far without a plan (Request.skipped_at marks each request's share)
         self.idle = 0  # steps since the last plan in which nobody drafted (the run-wide evidence ages by them)

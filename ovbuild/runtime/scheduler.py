@@ -49,7 +49,7 @@ from ovbuild.runtime.metrics import RunMetrics
 from ovbuild.runtime.model.paged_model import PagedModel
 from ovbuild.runtime.request import FinishReason, GenerationConfig, Request, Status
 from ovbuild.runtime.speculation.drafters.base import Drafter
-from ovbuild.runtime.speculation.planner import MAX_PLAN_BACKOFF, Speculation
+from ovbuild.runtime.speculation.planner import Speculation
 from ovbuild.runtime.step_plan import StepPlan, TargetRows
 from ovbuild.runtime.structured.grammar import Grammars, start_constraint
 from ovbuild.runtime.structured.spec import check_logit_bias
@@ -199,8 +199,7 @@ class Scheduler(Admission, Verification):
             return False
         if not self.target.can_skip_taps:
             return True
-        idle = self.speculation.backoff >= MAX_PLAN_BACKOFF
-        if idle and not any(r.config.num_assistant_tokens for r in self.running):
+        if self.speculation.pace.idle and not any(r.config.num_assistant_tokens for r in self.running):
             return False
         return any(part.request.gap == 0 for part in batch)
 

@@ -47,6 +47,7 @@ from ovbuild.runtime.speculation.acceptance import (
 from ovbuild.runtime.speculation.call_cost import CallCost
 from ovbuild.runtime.speculation.exploration import ExplorationBudget
 from ovbuild.runtime.speculation.host_time import HostTimes
+from ovbuild.runtime.speculation.pace import PlanPace, longest_backoff
 
 if TYPE_CHECKING:  # for annotations only: the planner itself runs no model
     from ovbuild.runtime.model.paged_model import PagedModel
@@ -76,33 +77,17 @@ EXPLORATION_GROWTH = 1.5
 # learns only from the steps it drafts in, so an estimate made in a bad moment (early misses, a busy machine) would
 # otherwise stand for the rest of the run. Fading back towards the priors, the planner tries again after about a
 # half-life (230 steps) of not drafting; a draft that is really poor is dropped again on the fresh evidence.
-RUN_IDLE_DECAY = 0.997
-# Each retry that fails (see RETRY_PLANS) doubles that half-life, up to MAX_PATIENCE times; drafting that takes hold
-# resets it. On the losing pair of bench_runtime.py --losing with 4 requests, retries every ~230 steps ran 0.90x the
-# target alone, 0.93x with this patience and 0.94x with none (docs/speed.md): failures in a row are what fading forgets.
-MAX_PATIENCE = 8
+RUN_IDLE_DECAY = 0.997  # each failed retry slows the fading (pace.MAX_PATIENCE)
 FINISHED_KEPT = 16
 # A plan that makes a draft call where none is needed must promise this many times the tokens per second of not
 # drafting: within that the costs' noise decides, and a drafting step costs more than its calls show (the next plain
 # call changes row count back, bench_row_padding.py). Break-even on the demo pair, thinner margins ran 0.90x.
 DRAFT_MARGIN = 1.05
 FLUSH_ROWS = 256  # pending context rows of one request that force a draft call (bounds host memory)
-# Steps without a plan, at most, while the last plans drafted for nobody: such a plan's inputs barely move, and one
-# costs ~0.1 ms right after a model call (cold caches); at every 8th step plans were 3% of a demo-pair step.
-MAX_PLAN_BACKOFF = 32
-# Further apart where a plan costs more than this share of the plain steps between two plans, up to MAX_PLAN_BACKOFF
-# times MAX_PATIENCE: with 16 requests on the losing pair (bench_runtime.py --losing) a plan took ~0.64 ms, half a step.
-# Not less: a planner backed off where drafting has come to pay waits for its next plan. Plans (Speculation.plan_s)
-# are timed only where host time is learnt (learn_host).
-PLAN_SHARE = 0.005
-# A drafting streak of at most this many plans that began while the planner was backing off is a retry: when it ends,
-# backing off resumes where it stood, not from 1 (on the losing pair each failed retry otherwise cost six plans,
-# ~0.5 ms, on the way back to MAX_PLAN_BACKOFF).
-RETRY_PLANS = 2
 # A catch-up (the taps of rows that ran without them, ovbuild.runtime.catch_up) is paid once and serves every step the
-# request then drafts, and more: taps are left out again only after six plans in a row drafted for nobody, backing off
-# to MAX_PLAN_BACKOFF (37 steps). A plan charges this share of it: planning one step ahead, a plan that charged all of
-# it would never draft again after a long gap.
+# request then drafts, and more: taps are left out again only after six plans in a row drafted for nobody, backing
+# off to pace.MAX_PLAN_BACKOFF (37 steps). A plan charges this share of it: planning one step ahead, a plan that
+# charged all of it would never draft again after a long gap.
 CATCH_UP_STEPS = 32
 # A request that starts or stops decoding changes what a draft call would cost per request: the next plan comes
 # within this many steps however far the planner had backed off, when the decoding requests are REPLAN_RATIO times as
@@ -136,17 +121,10 @@ class Speculation:
     # where a calibration's timings are kept and found (ovbuild.runtime.speculation.calibration.CalibrationCache); None:
     # timed
     calibration_cache: object | None = None
-    # Steps between plans while the last plans drafted for nobody (doubling up to MAX_PLAN_BACKOFF). Kept here, across
-    # a pipeline's runs like its costs: one request at a time, each new scheduler backed off from 1 again, and a
-    # 64-token request made 6 plans where 2 would do.
-    backoff: int = 0
-    # the backoff a drafting streak began at, and the streak's plans so far (see RETRY_PLANS)
-    paused_backoff: int = 0
-    streak: int = 0
-    patience: int = 1  # how many times RUN_IDLE_DECAY's half-life the run-wide evidence fades over (MAX_PATIENCE)
+    pace: PlanPace = field(default_factory=PlanPace)  # steps between plans while nobody drafts
     planned_requests: int = 0  # the requests decoding at the last plan (see REPLAN_RATIO)
     learn_host: bool = True  # False: host_s stays as set (fixed plans for tests, ovbuild.testing.planner)
-    plan_s: float = 0.0  # seconds a plan takes (EMA; see PLAN_SHARE)
+    plan_s: float = 0.0  # seconds a plan takes (EMA; see pace.PLAN_SHARE)
     plain_step_s: float = 0.0  # what the last plan priced a step without drafting at (its target call and host time)
     run: AcceptanceStats = field(init=False)  # every request's verifications (record adds, age fades them)
     _drafting_host: float = field(init=False, default=0.0)  # host seconds of steps with a draft call (EMA)
@@ -184,31 +162,8 @@ class Speculation:
         return self.target_cost.calibrated and self.draft_cost.calibrated
 
     def back_off(self, drafted: bool) -> int:
-        """A plan was made (`drafted`: for somebody): the steps to skip before the next. While drafting pays for
-        nobody, plans come every 2nd, 4th, 8th, ... step (MAX_PLAN_BACKOFF); a retry that ends resumes that pace,
-        and the run-wide evidence then fades more slowly (MAX_PATIENCE)."""
-        if drafted:
-            self.paused_backoff = self.backoff or self.paused_backoff
-            self.backoff, self.streak = 0, self.streak + 1
-            if self.streak > RETRY_PLANS:
-                self.patience = 1  # drafting took hold: forget at the base pace again
-            return 0
-        retried = 0 < self.streak <= RETRY_PLANS and self.paused_backoff > 0
-        if retried:  # and it failed
-            self.patience = min(2 * self.patience, MAX_PATIENCE)
-        level = self.paused_backoff if retried else 0
-        self.backoff = min(2 * (self.backoff or level) or 1, self.longest_backoff)
-        self.paused_backoff, self.streak = 0, 0
-        return self.backoff
-
-    @property
-    def longest_backoff(self) -> int:
-        """Steps between plans at most while nobody drafts: MAX_PLAN_BACKOFF, or as many as keep the plans within
-        PLAN_SHARE of the plain steps' time, up to MAX_PLAN_BACKOFF * MAX_PATIENCE."""
-        if self.plain_step_s <= 0:
-            return MAX_PLAN_BACKOFF
-        paced = self.plan_s / (PLAN_SHARE * self.plain_step_s)
-        return int(min(max(paced, MAX_PLAN_BACKOFF), MAX_PLAN_BACKOFF * MAX_PATIENCE))
+        """A plan was made (`drafted`: for somebody): the steps to skip before the next (PlanPace.after_plan)."""
+        return self.pace.after_plan(drafted, longest_backoff(self.plan_s, self.plain_step_s))
 
     def observe_host(self, seconds: float, drafted: bool = False, requests: int = 1) -> None:
         """One step's seconds outside its calls; `drafted`: the step made a draft call; `requests`: in the step."""
@@ -296,7 +251,7 @@ class Speculation:
             return
         self.since_drafted += idle_steps
         self.budget.earn(idle_steps, self.plain_step_s)
-        fade = RUN_IDLE_DECAY ** (idle_steps / self.patience)
+        fade = RUN_IDLE_DECAY ** (idle_steps / self.pace.patience)
         self.run.fade(fade)
         self.expected_tokens *= fade
         self.accepted_tokens *= fade
