@@ -145,10 +145,14 @@ def serve(scheduler: Scheduler, prompts, configs, arrivals, truths=None, resume_
     return [r.generated for r in requests]
 
 
-def idle_pipeline(models, max_num_batched_tokens: int = 2048) -> tuple[Scheduler, Recording, list]:
+def idle_pipeline(models, max_num_batched_tokens: int = 2048, monkeypatch=None) -> tuple[Scheduler, Recording, list]:
     """A scheduler whose planner has backed off all the way, with a recording steered draft and a log of the calls
-    that ran in the untapped sibling."""
+    that ran in the untapped sibling. With `monkeypatch`, the target has copies and no sibling (too big for one):
+    its calls compute the taps, and its decoding requests leave them untaken (PagedModel.taps_optional)."""
+    if monkeypatch is not None:
+        monkeypatch.setattr(paged_model, "MAX_WEIGHT_BYTES", 2 * weight_bytes(models[0]) - 1)
     target_model = PagedModel(models[0], kv_cache_precision="f32", num_blocks=64)
+    assert target_model.taps_optional and target_model.can_skip_taps == (monkeypatch is None)
     drafter = Recording(BlockDrafter(models[1], kv_cache_precision="f32", num_blocks=64), VOCAB, seed=4)
     speculation = Scripted(
         drafter.max_candidates,
@@ -160,25 +164,29 @@ def idle_pipeline(models, max_num_batched_tokens: int = 2048) -> tuple[Scheduler
     )
     speculation.pace.backoff = MAX_PLAN_BACKOFF  # drafting has not paid for a while: calls leave the taps out
     untapped_calls = []
-    sibling = target_model.untapped()
-    sibling_run = sibling.run
-    sibling.run = lambda *a, **k: untapped_calls.append(1) or sibling_run(*a, **k)
+    if target_model.can_skip_taps:
+        sibling_model = target_model.untapped()
+        sibling_run = sibling_model.run
+        sibling_model.run = lambda *a, **k: untapped_calls.append(1) or sibling_run(*a, **k)
     scheduler = Scheduler(target_model, drafter, max_num_batched_tokens, speculation=speculation)
     return scheduler, drafter, untapped_calls
 
 
-def test_drafting_resumes_after_untapped_steps_with_its_whole_context_and_stays_lossless(models, target, draft):
+@pytest.mark.parametrize("sibling", [True, False], ids=["untapped-sibling", "taps-untaken"])
+def test_drafting_resumes_after_untapped_steps_with_its_whole_context_and_stays_lossless(
+    models, target, draft, sibling, monkeypatch
+):
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, VOCAB, int(n)).tolist() for n in (9, 30, 17)]
     configs = [GenerationConfig(max_new_tokens=70)] * 3
-    arrivals = [0, 0, 20]  # the third arrives while no call has taps: its prompt too is caught up
+    arrivals = [0, 0, 20]  # the third arrives while the planner idles (with a sibling its prompt too is caught up)
     alone = serve(Scheduler(PagedModel(models[0], kv_cache_precision="f32", num_blocks=64)), prompts, configs, arrivals)
     # a catch-up call holds at most 48 rows: at the resume it fits one request, the others draft a step or two later
     # (meanwhile their calls have taps, which they must not take before the rows they missed)
-    scheduler, drafter, untapped_calls = idle_pipeline(models, max_num_batched_tokens=48)
+    scheduler, drafter, untapped_calls = idle_pipeline(models, 48, None if sibling else monkeypatch)
 
     assert serve(scheduler, prompts, configs, arrivals, alone, resume_at=30) == alone
-    assert untapped_calls, "no call left the taps out"
+    assert bool(untapped_calls) == sibling, "calls ran in a sibling that should not exist, or none left the taps out"
     assert scheduler.metrics.catch_up_rows > 0 and scheduler.metrics.requests.num_accepted_tokens > 0
     ref = Qwen3Reference(*target)
     for request, prompt, tokens in zip(scheduler.finished, prompts, alone, strict=True):
@@ -187,6 +195,36 @@ def test_drafting_resumes_after_untapped_steps_with_its_whole_context_and_stays_
             ref.new_cache(), np.array([*prompt, *tokens])[: len(given)], draft[0].target_layer_ids
         )
         assert nmse(given, expected) < 1e-6, f"request {request.id}: the draft's context is not its taps in order"
+
+
+def test_an_idle_target_without_a_sibling_keeps_prompt_taps_and_leaves_decode_taps_untaken(models, monkeypatch):
+    """While the planner idles, a target whose taps are optional but that has no sibling computes them in every call:
+    a new request keeps its prompt's (it may draft from them at once), the decode steps' become its gap."""
+    scheduler, _, _ = idle_pipeline(models, monkeypatch=monkeypatch)
+    request = scheduler.add_request(list(range(3, 24)), GenerationConfig(max_new_tokens=12))
+    scheduler.step()
+    assert request.status is Status.DECODE and request.taps_len == 21 and request.gap == 0
+    for _ in range(5):
+        scheduler.step()
+    assert request.taps_len == 21 and request.gap == 5, "a decode step while idle took its taps"
+    assert scheduler.target._untapped is None, "a sibling was built for a target too big for one"
+
+
+def test_a_model_without_copies_keeps_its_decode_taps_while_idle(models, monkeypatch):
+    """A model too big for static copies takes its taps every step: catching up a long idle's rows would take
+    seconds there, where taking them is microseconds on its steps."""
+    monkeypatch.setattr(paged_model, "MAX_WEIGHT_BYTES", weight_bytes(models[0]) - 1)
+    model = PagedModel(models[0], kv_cache_precision="f32", num_blocks=64)
+    assert model.static is None and not model.taps_optional
+    drafter = BlockDrafter(models[1], kv_cache_precision="f32", num_blocks=64)
+    costs = fixed_cost(1e-3, 1e-5), fixed_cost(1e-4, 1e-5)
+    speculation = Scripted(drafter.max_candidates, drafter.candidate_offset, *costs, learn_host=False)
+    speculation.pace.backoff = MAX_PLAN_BACKOFF
+    scheduler = Scheduler(model, drafter, speculation=speculation)
+    request = scheduler.add_request(list(range(3, 24)), GenerationConfig(max_new_tokens=12))
+    for _ in range(6):
+        scheduler.step()
+    assert request.gap == 0 and request.taps_len == 26 == request.target_len
 
 
 def test_a_pinned_draft_length_keeps_the_taps_on(models):

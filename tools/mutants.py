@@ -762,8 +762,8 @@ MUTANTS = (
     Mutant(
         "scheduler-leaves-taps-out-for-a-pinned-draft-length",
         "ovbuild/runtime/scheduler.py",
-        "        if self.speculation.pace.idle and not any(r.config.num_assistant_tokens for r in self.running):",
-        "        if self.speculation.pace.idle:",
+        "        idle = self.speculation.pace.idle and not any(r.config.num_assistant_tokens for r in self.running)",
+        "        idle = self.speculation.pace.idle",
         UNTAPPED,
     ),
     Mutant(

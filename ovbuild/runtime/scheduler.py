@@ -28,8 +28,9 @@ call and its verification):
      the target taps it has not seen and a block of the chosen length; with no request drafting there is no draft
      call and the taps wait for the next one.
 While the planner has backed off all the way (drafting has not paid for a while) and no request pins a draft length,
-target calls run without taps where the target can leave them out (PagedModel.can_skip_taps); a request that is to
-draft again first gets the taps it missed (ovbuild.runtime.catch_up, run before the draft call).
+target calls run without taps where the target can leave them out (PagedModel.can_skip_taps), and the decoding
+requests leave them untaken where they are optional (PagedModel.taps_optional); a request that is to draft again
+first gets the taps it missed (ovbuild.runtime.catch_up, run before the draft call).
 """
 
 from __future__ import annotations
@@ -188,20 +189,24 @@ class Scheduler(Admission, Verification):
             self._admit(plan)
         plan.rows = self._target_batch()
         plan.draft_lengths = {p.request.id: len(p.tokens) - 1 for p in plan.rows if p.request.status is Status.DECODE}
-        plan.taps = self._taps_wanted(plan.rows)
+        plan.taps, plan.decode_taps = self._taps_wanted(plan.rows)
         plan.new_blocks = {name: max(free_before[name] - cache.free_blocks, 0) for name, cache in caches.items()}
         return plan
 
-    def _taps_wanted(self, batch: list[TargetRows]) -> bool:
-        """Whether the target call computes taps: with a draft, unless the target can leave them out and either the
-        planner has backed off all the way with no draft length pinned, or no request of the call could take them."""
+    def _taps_wanted(self, batch: list[TargetRows]) -> tuple[bool, bool]:
+        """(whether the target call computes taps, whether its verification rows keep them). While the planner idles
+        (backed off all the way, no draft length pinned), a target that can leave the taps out runs without
+        (PagedModel.can_skip_taps), and one whose taps are optional (PagedModel.taps_optional) keeps them for prompt
+        chunks only: a new request then drafts from its prompt's taps at once. Otherwise calls compute them where a
+        request of the call could take them."""
         if self.drafter is None:
-            return False
+            return False, False
+        idle = self.speculation.pace.idle and not any(r.config.num_assistant_tokens for r in self.running)
         if not self.target.can_skip_taps:
-            return True
-        if self.speculation.pace.idle and not any(r.config.num_assistant_tokens for r in self.running):
-            return False
-        return any(part.request.gap == 0 for part in batch)
+            return True, not (idle and self.target.taps_optional)
+        if idle:
+            return False, False
+        return any(part.request.gap == 0 for part in batch), True
 
     def _target_batch(self) -> list[TargetRows]:
         """The target call's rows: verification rows first, then prompt chunks."""

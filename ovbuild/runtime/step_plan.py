@@ -29,4 +29,5 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
     new_blocks: dict[str, int] = field(default_factory=dict)  # cache name -> blocks taken while planning
     taps: bool = False  # whether the target call computes taps
+    decode_taps: bool = True  # whether verification rows keep theirs (else a gap, caught up if the request drafts)
     draft_lengths: dict[int, int] = field(default_factory=dict)  # decoding request id -> proposals verified (its k)

@@ -89,7 +89,7 @@ class Verification:
             if request.status is Status.PREFILL:
                 self._prefilled(request, tokens, hidden, row, greedy[rows], logits[rows])
             else:
-                self._verify(request, greedy[rows], hidden, row, logits[rows])
+                self._verify(request, greedy[rows], hidden if plan.decode_taps else None, row, logits[rows])
             if request.status is Status.FINISHED:
                 done.append(request)
             row += len(tokens)

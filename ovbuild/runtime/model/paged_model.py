@@ -162,6 +162,13 @@ class PagedModel:
         # 0.98x of the target alone, against 1.21x with every call tapped (8 interleaved rounds, 2026-12-04).
         small = weights <= MAX_WEIGHT_BYTES // 2
         self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None and small
+        # Whether a caller may leave a call's taps untaken (decode rows while the planner idles, ovbuild.runtime.
+        # scheduler): a model with static copies, whose calls are short enough that taking them counts. Each request
+        # copies its rows every step (1.5 to 2 us a request on the losing pair of bench_runtime.py --losing, steps of
+        # 0.4 to 1.3 ms), and such a model's catch-up of the rows it then missed is one short call. A bigger model
+        # keeps them: taking them is microseconds on steps of a tenth of a second and more, where a catch-up of a
+        # long idle's rows would take seconds.
+        self.taps_optional = TAPS in self.output_names and self.static is not None and cache_from is None
         self._source, self._untapped, self._sibling_s = source, None, 0.0
 
     def compile_copies(self) -> None:
