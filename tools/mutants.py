@@ -767,6 +767,27 @@ MUTANTS = (
         UNTAPPED,
     ),
     Mutant(
+        "idle-requests-take-decode-taps",
+        "ovbuild/runtime/scheduler.py",
+        "            return True, not (idle and self.target.taps_optional)",
+        "            return True, True",
+        UNTAPPED,
+    ),
+    Mutant(
+        "idle-prompts-leave-their-taps-untaken",
+        "ovbuild/runtime/verification.py",
+        "self._prefilled(request, tokens, hidden, row",
+        "self._prefilled(request, tokens, hidden if plan.decode_taps else None, row",
+        UNTAPPED,
+    ),
+    Mutant(
+        "taps-optional-without-copies",
+        "ovbuild/runtime/model/paged_model.py",
+        "        self.taps_optional = TAPS in self.output_names and self.static is not None and cache_from is None",
+        "        self.taps_optional = TAPS in self.output_names and cache_from is None",
+        UNTAPPED,
+    ),
+    Mutant(
         "planner-ignores-gaps",
         "ovbuild/runtime/speculation/planner.py",
         "        gaps = gaps or [0] * len(free)\n",
