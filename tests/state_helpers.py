@@ -79,7 +79,7 @@ class ToyHybridTarget:
         self.cache_manager = BlocksAndSlots(self.cache.allocator, self.states)
         self.row_subsequences = False  # as PagedModel: a sequence with states steps its rows in one subsequence
         self.compile_s = 0.0  # as PagedModel: no static copies
-        self.can_skip_taps = False  # as PagedModel with states: every call has its taps
+        self.can_skip_taps = self.taps_optional = False  # as PagedModel with states: every call has its taps
         self.image_width = None  # as PagedModel of a text-only target: no image inputs
         self.calls = 0
 
