@@ -755,8 +755,8 @@ MUTANTS = (
     Mutant(
         "untapped-sibling-for-any-size",
         "ovbuild/runtime/model/paged_model.py",
-        "        small = weights <= MAX_WEIGHT_BYTES // 2\n",
-        "        small = True\n",
+        "        self.can_skip_taps = self.taps_optional and weights <= MAX_WEIGHT_BYTES // 2\n",
+        "        self.can_skip_taps = self.taps_optional\n",
         UNTAPPED,
     ),
     Mutant(
@@ -769,7 +769,7 @@ MUTANTS = (
     Mutant(
         "idle-requests-take-decode-taps",
         "ovbuild/runtime/scheduler.py",
-        "            return True, not (idle and self.target.taps_optional)",
+        "            return True, not idle",
         "            return True, True",
         UNTAPPED,
     ),

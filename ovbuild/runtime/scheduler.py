@@ -201,9 +201,11 @@ class Scheduler(Admission, Verification):
         request of the call could take them."""
         if self.drafter is None:
             return False, False
+        if not self.target.taps_optional:
+            return True, True
         idle = self.speculation.pace.idle and not any(r.config.num_assistant_tokens for r in self.running)
         if not self.target.can_skip_taps:
-            return True, not (idle and self.target.taps_optional)
+            return True, not idle
         if idle:
             return False, False
         return any(part.request.gap == 0 for part in batch), True

@@ -151,6 +151,14 @@ class PagedModel:
             cache = {name: self.request.get_tensor(name) for name in self.cache.names}
             self.static = StaticCopies(source, model, self.compiled, device, config, cache)
         self.executor = choose_executor(self, padding)
+        # Whether a caller may leave a call's taps untaken (decode rows while the planner idles, ovbuild.runtime.
+        # scheduler): a model with static copies, whose calls are short enough that taking them counts. Each request
+        # copies its rows every step (1.5 to 2 us a request on the losing pair of bench_runtime.py --losing, steps of
+        # 0.4 to 1.3 ms), and such a model's catch-up of the rows it then missed is one short call. A bigger model
+        # keeps them: taking them is microseconds on steps of a tenth of a second and more, where a catch-up of a
+        # long idle's rows would take seconds. Prompt chunks keep theirs, so a request admitted meanwhile starts
+        # without a gap.
+        self.taps_optional = TAPS in self.output_names and self.static is not None and cache_from is None
         # Taps cost a small model's calls a few percent (on the demo target their outputs keep the plugin from fusing
         # each residual add with the next norm: 1.01x-1.06x per call, bench_untapped.py, docs/speed.md), and a call that
         # nobody takes them from can run without: in a sibling compiled without the taps output, on the same cache. Its
@@ -158,17 +166,10 @@ class PagedModel:
         # this model's (a quarter of a gigabyte on the demo target), so only a model whose copies and the sibling's
         # together take no more than the largest model with copies alone gets one; a bigger model's taps cost less.
         # Not one for the 24-layer demo target either: with it, a request that drafts again first catches up on the
-        # taps it missed, and one request at a time the planner drafted in no step for half the rounds and served at
-        # 0.98x of the target alone, against 1.21x with every call tapped (8 interleaved rounds, 2026-12-04).
-        small = weights <= MAX_WEIGHT_BYTES // 2
-        self.can_skip_taps = TAPS in self.output_names and self.static is not None and cache_from is None and small
-        # Whether a caller may leave a call's taps untaken (decode rows while the planner idles, ovbuild.runtime.
-        # scheduler): a model with static copies, whose calls are short enough that taking them counts. Each request
-        # copies its rows every step (1.5 to 2 us a request on the losing pair of bench_runtime.py --losing, steps of
-        # 0.4 to 1.3 ms), and such a model's catch-up of the rows it then missed is one short call. A bigger model
-        # keeps them: taking them is microseconds on steps of a tenth of a second and more, where a catch-up of a
-        # long idle's rows would take seconds.
-        self.taps_optional = TAPS in self.output_names and self.static is not None and cache_from is None
+        # taps it missed, its prompt's among them (a sibling's call computes none), and one request at a time the
+        # planner drafted in no step for half the rounds and served at 0.98x of the target alone, against 1.21x with
+        # every call tapped (8 interleaved rounds, 2026-12-04).
+        self.can_skip_taps = self.taps_optional and weights <= MAX_WEIGHT_BYTES // 2
         self._source, self._untapped, self._sibling_s = source, None, 0.0
 
     def compile_copies(self) -> None:
